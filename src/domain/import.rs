@@ -1,0 +1,338 @@
+//! Bulk-import formats: a CSV sheet (one machine a row, one boot NIC plus extra MACs) or a JSON array
+//! of machine specs. Parsing keeps the line number of every row so that a refusal can name it.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use super::{BmcSpec, Interface, MacAddr, MachineSpec, ValidationErrors};
+
+/// One parsed row of an import file.
+#[derive(Debug, Clone)]
+pub struct ParsedRow {
+    /// 1-based line of the file where the row starts.
+    pub line: usize,
+    /// The spec, or why the row could not be read.
+    pub spec: Result<MachineSpec, ValidationErrors>,
+}
+
+/// A problem with one row (or the file as a whole, line 0 meaning the file).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct RowError {
+    /// 1-based line of the file.
+    pub line: usize,
+    /// Field (CSV column or JSON path).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+/// Import file format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportFormat {
+    /// Comma-separated values with a header row.
+    Csv,
+    /// A JSON array of machine specs.
+    Json,
+}
+
+/// The CSV columns, in the order the documentation lists them.
+pub const CSV_COLUMNS: &[&str] = &[
+    "hostname",
+    "smbios_uuid",
+    "serial",
+    "asset_tag",
+    "manufacturer",
+    "model",
+    "site",
+    "rack",
+    "rack_unit",
+    "role",
+    "cluster",
+    "profile",
+    "mac",
+    "ipv4",
+    "extra_macs",
+    "bmc_url",
+    "bmc_username",
+    "bmc_password",
+    "bmc_tls",
+    "bmc_fingerprint",
+];
+
+/// Parse a whole file. A file-level problem (not CSV, unknown column, not a JSON array) is a single
+/// `RowError` with line 0 or the line where parsing stopped.
+pub fn parse(format: ImportFormat, text: &str) -> Result<Vec<ParsedRow>, RowError> {
+    match format {
+        ImportFormat::Csv => parse_csv(text),
+        ImportFormat::Json => parse_json(text),
+    }
+}
+
+fn parse_json(text: &str) -> Result<Vec<ParsedRow>, RowError> {
+    let items: Vec<&serde_json::value::RawValue> =
+        serde_json::from_str(text).map_err(|e| RowError {
+            line: e.line(),
+            field: "-".into(),
+            message: format!("not a JSON array of machines: {e}"),
+        })?;
+    let base = text.as_ptr() as usize;
+    Ok(items
+        .into_iter()
+        .map(|raw| {
+            let offset = (raw.get().as_ptr() as usize)
+                .saturating_sub(base)
+                .min(text.len());
+            let line = text[..offset].matches('\n').count() + 1;
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let spec = serde_path_to_error::deserialize::<_, MachineSpec>(&mut de).map_err(|e| {
+                let mut v = ValidationErrors::default();
+                v.push(json_path(e.path()), e.inner().to_string());
+                v
+            });
+            ParsedRow { line, spec }
+        })
+        .collect())
+}
+
+/// A serde path as the API spells field paths (`interfaces[0].mac`).
+pub fn json_path(p: &serde_path_to_error::Path) -> String {
+    let mut out = String::new();
+    for seg in p.iter() {
+        match seg {
+            serde_path_to_error::Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            serde_path_to_error::Segment::Map { key }
+            | serde_path_to_error::Segment::Enum { variant: key } => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
+            }
+            serde_path_to_error::Segment::Unknown => {}
+        }
+    }
+    if out.is_empty() {
+        "-".into()
+    } else {
+        out
+    }
+}
+
+fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
+    let mut rdr = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .flexible(false)
+        .from_reader(text.as_bytes());
+    let headers = rdr
+        .headers()
+        .map_err(|e| RowError {
+            line: 1,
+            field: "-".into(),
+            message: format!("cannot read the header row: {e}"),
+        })?
+        .clone();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for (i, h) in headers.iter().enumerate() {
+        let h = h.trim();
+        if !CSV_COLUMNS.contains(&h) {
+            return Err(RowError {
+                line: 1,
+                field: h.to_string(),
+                message: format!(
+                    "unknown column; known columns are: {}",
+                    CSV_COLUMNS.join(", ")
+                ),
+            });
+        }
+        if index
+            .insert(
+                CSV_COLUMNS[CSV_COLUMNS.iter().position(|c| *c == h).unwrap_or(0)],
+                i,
+            )
+            .is_some()
+        {
+            return Err(RowError {
+                line: 1,
+                field: h.to_string(),
+                message: "column appears twice".into(),
+            });
+        }
+    }
+    let mut rows = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.map_err(|e| RowError {
+            line: e.position().map_or(0, |p| p.line() as usize),
+            field: "-".into(),
+            message: format!("malformed CSV: {e}"),
+        })?;
+        let line = rec.position().map_or(0, |p| p.line() as usize);
+        if rec.iter().all(str::is_empty) {
+            continue;
+        }
+        let get = |col: &str| -> Option<String> {
+            index
+                .get(col)
+                .and_then(|i| rec.get(*i))
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+        };
+        rows.push(ParsedRow {
+            line,
+            spec: csv_row(&get),
+        });
+    }
+    Ok(rows)
+}
+
+fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, ValidationErrors> {
+    let mut errs = ValidationErrors::default();
+    fn parsed<T: std::str::FromStr>(
+        errs: &mut ValidationErrors,
+        col: &str,
+        v: Option<String>,
+    ) -> Option<T>
+    where
+        T::Err: std::fmt::Display,
+    {
+        v.and_then(|s| match s.parse::<T>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                errs.push(col, format!("`{s}`: {e}"));
+                None
+            }
+        })
+    }
+    let mut spec = MachineSpec {
+        hostname: get("hostname"),
+        smbios_uuid: parsed(&mut errs, "smbios_uuid", get("smbios_uuid")),
+        serial: get("serial"),
+        asset_tag: get("asset_tag"),
+        manufacturer: get("manufacturer"),
+        model: get("model"),
+        site: get("site"),
+        rack: get("rack"),
+        rack_unit: parsed(&mut errs, "rack_unit", get("rack_unit")),
+        role: parsed(&mut errs, "role", get("role")),
+        cluster: get("cluster"),
+        profile: get("profile"),
+        ..Default::default()
+    };
+    let mac: Option<MacAddr> = parsed(&mut errs, "mac", get("mac"));
+    let ipv4 = parsed(&mut errs, "ipv4", get("ipv4"));
+    if let Some(mac) = mac {
+        spec.interfaces.push(Interface {
+            mac,
+            ipv4,
+            boot: true,
+            name: None,
+        });
+    } else if ipv4.is_some() {
+        errs.push(
+            "ipv4",
+            "a reserved address needs the `mac` of its interface",
+        );
+    }
+    for m in get("extra_macs")
+        .unwrap_or_default()
+        .split([';', ' '])
+        .filter(|s| !s.is_empty())
+    {
+        if let Some(mac) = parsed(&mut errs, "extra_macs", Some(m.to_string())) {
+            spec.interfaces.push(Interface {
+                mac,
+                ipv4: None,
+                boot: false,
+                name: None,
+            });
+        }
+    }
+    match (get("bmc_url"), get("bmc_username")) {
+        (Some(url), Some(username)) => {
+            spec.bmc = Some(BmcSpec {
+                url,
+                username,
+                password: get("bmc_password"),
+                tls: parsed(&mut errs, "bmc_tls", get("bmc_tls")).unwrap_or(super::TlsMode::Verify),
+                fingerprint: get("bmc_fingerprint"),
+            })
+        }
+        (None, None) => {
+            for col in ["bmc_password", "bmc_tls", "bmc_fingerprint"] {
+                if get(col).is_some() {
+                    errs.push(col, "needs bmc_url and bmc_username");
+                }
+            }
+        }
+        (Some(_), None) => errs.push("bmc_username", "required with bmc_url"),
+        (None, Some(_)) => errs.push("bmc_url", "required with bmc_username"),
+    }
+    // CSV column names are the field names the operator sees; map spec paths back to columns.
+    let mut all = errs;
+    match spec.validate() {
+        Ok(spec) if all.0.is_empty() => return Ok(spec),
+        Ok(_) => {}
+        Err(e) => all.0.extend(e.0.into_iter().map(|mut fe| {
+            fe.field = csv_column_of(&fe.field);
+            fe
+        })),
+    }
+    Err(all)
+}
+
+fn csv_column_of(path: &str) -> String {
+    match path {
+        "interfaces[0].mac" => "mac".into(),
+        "interfaces[0].ipv4" => "ipv4".into(),
+        p if p.starts_with("interfaces[") => "extra_macs".into(),
+        p if p.starts_with("bmc.") => p.replacen("bmc.", "bmc_", 1),
+        p => p.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_rows_keep_line_numbers_and_name_columns() {
+        let text = "hostname,mac,ipv4,role,rack_unit\n\
+                    n1,52:54:00:00:00:01,10.0.0.1,worker,3\n\
+                    n2,not-a-mac,10.0.0.2,worker,4\n\
+                    \n\
+                    n_3,52:54:00:00:00:03,,boss,x\n";
+        let rows = parse(ImportFormat::Csv, text).expect("parses");
+        assert_eq!(rows.len(), 3);
+        assert_eq!(rows[0].line, 2);
+        assert!(rows[0].spec.is_ok());
+        assert_eq!(rows[1].line, 3);
+        let e = rows[1].spec.as_ref().expect_err("bad mac");
+        assert_eq!(e.0[0].field, "mac");
+        assert_eq!(rows[2].line, 5);
+        let fields: Vec<_> = rows[2]
+            .spec
+            .as_ref()
+            .expect_err("bad")
+            .0
+            .iter()
+            .map(|f| f.field.clone())
+            .collect();
+        assert_eq!(fields, ["rack_unit", "role", "hostname"]);
+    }
+
+    #[test]
+    fn csv_unknown_column_is_refused() {
+        let e = parse(ImportFormat::Csv, "hostname,macc\nn1,x\n").expect_err("unknown column");
+        assert_eq!(e.field, "macc");
+    }
+
+    #[test]
+    fn json_rows_have_lines_and_paths() {
+        let text = "[\n {\"hostname\": \"a\"},\n {\"hostname\": \"b\",\n  \"interfaces\": [{\"mac\": \"zz\"}]}\n]";
+        let rows = parse(ImportFormat::Json, text).expect("parses");
+        assert_eq!(rows[0].line, 2);
+        assert_eq!(rows[1].line, 3);
+        let e = rows[1].spec.as_ref().expect_err("bad mac");
+        assert_eq!(e.0[0].field, "interfaces[0].mac");
+        assert!(parse(ImportFormat::Json, "{\"a\":1}").is_err());
+    }
+}

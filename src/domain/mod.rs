@@ -1,0 +1,14 @@
+//! Pure types and rules of the inventory: machines, their NICs, disks and BMCs, and the checks that
+//! decide whether an operator's input is acceptable.
+//!
+//! Nothing here performs I/O: no tokio, sqlx, axum or reqwest. Front doors and stores convert to and
+//! from these types; the rules live here once.
+
+pub mod import;
+pub mod mac;
+pub mod machine;
+pub mod validate;
+
+pub use mac::MacAddr;
+pub use machine::*;
+pub use validate::{FieldError, ValidationErrors};

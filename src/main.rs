@@ -1,0 +1,2 @@
+//! The `plinth` binary.
+fn main() {}

@@ -1,0 +1,421 @@
+//! The inventory use cases: register, edit (optimistic concurrency), remove, look up, list and bulk
+//! import machines. Every mutation writes an event with the before/after of the changed fields;
+//! BMC passwords are sealed here before they reach a store and never leave it in clear.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::secrets::SecretBox;
+use super::store::*;
+use super::ServiceError;
+use crate::domain::import::{ParsedRow, RowError as DomainRowError};
+use crate::domain::{
+    spec_diff, unique_keys, LifecycleState, Machine, MachineId, MachineSpec, UniqueKey,
+    ValidationErrors,
+};
+
+pub use crate::domain::import::RowError;
+
+/// A row of a bulk import, as the service receives it.
+pub type ImportRow = ParsedRow;
+
+/// Fields of a machine that only Plinth writes.
+const READ_ONLY: &[&str] = &["id", "state", "state_reason", "created_at", "updated_at"];
+
+/// The inventory service.
+#[derive(Clone)]
+pub struct Inventory {
+    store: Arc<dyn InventoryStore>,
+    secrets: SecretBox,
+}
+
+fn password_context(id: MachineId) -> String {
+    format!("bmc-password:{id}")
+}
+
+impl Inventory {
+    /// A service over `store`, sealing secrets with `secrets`.
+    pub fn new(store: Arc<dyn InventoryStore>, secrets: SecretBox) -> Self {
+        Self { store, secrets }
+    }
+
+    /// The underlying store.
+    pub fn store(&self) -> &Arc<dyn InventoryStore> {
+        &self.store
+    }
+
+    /// Turn a validated spec into a store record, sealing the password.
+    fn record(&self, id: MachineId, mut spec: MachineSpec) -> MachineRecord {
+        let password = match spec.bmc.as_mut().and_then(|b| b.password.take()) {
+            None => PasswordChange::Keep,
+            Some(p) if p.is_empty() => PasswordChange::Clear,
+            Some(p) => PasswordChange::Set(self.secrets.seal(&password_context(id), p.as_bytes())),
+        };
+        if spec.bmc.is_none() {
+            return MachineRecord {
+                spec,
+                password: PasswordChange::Clear,
+            };
+        }
+        MachineRecord { spec, password }
+    }
+
+    /// Which unique values of `spec` already belong to a machine other than `exclude`.
+    async fn conflicts(
+        &self,
+        spec: &MachineSpec,
+        exclude: Option<MachineId>,
+    ) -> Result<Vec<Conflict>, ServiceError> {
+        let keys = unique_keys(spec);
+        let plain: Vec<UniqueKey> = keys.iter().map(|(_, k)| k.clone()).collect();
+        let owners = self.store.owners(&plain).await?;
+        let mut out = Vec::new();
+        for (field, key) in keys {
+            for (k, owner) in &owners {
+                if *k == key && Some(owner.id) != exclude {
+                    out.push(Conflict {
+                        field: field.clone(),
+                        value: unique_value(&key),
+                        owner: owner.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A store conflict without details (a race past our pre-check): find who holds what.
+    async fn explain(
+        &self,
+        e: StoreError,
+        spec: &MachineSpec,
+        exclude: Option<MachineId>,
+    ) -> ServiceError {
+        match e {
+            StoreError::Conflict(c) if c.is_empty() => match self.conflicts(spec, exclude).await {
+                Ok(found) if !found.is_empty() => ServiceError::Conflict(found),
+                Ok(_) => ServiceError::Store(StoreError::Backend(
+                    "unique constraint refused the write".into(),
+                )),
+                Err(e) => e,
+            },
+            other => other.into(),
+        }
+    }
+
+    /// Register a machine (state `registered`).
+    pub async fn create(&self, spec: MachineSpec, actor: &str) -> Result<Machine, ServiceError> {
+        self.create_in_state(spec, LifecycleState::Registered, actor)
+            .await
+    }
+
+    /// Register a machine in a given initial state (`discovered` for machines that booted unknown).
+    pub async fn create_in_state(
+        &self,
+        spec: MachineSpec,
+        state: LifecycleState,
+        actor: &str,
+    ) -> Result<Machine, ServiceError> {
+        let spec = spec.validate().map_err(ServiceError::Invalid)?;
+        let conflicts = self.conflicts(&spec, None).await?;
+        if !conflicts.is_empty() {
+            return Err(ServiceError::Conflict(conflicts));
+        }
+        let id = MachineId::new();
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: "machine.created".into(),
+            actor: actor.into(),
+            detail: json!({"state": state, "changes": spec_diff(None, Some(&spec))}),
+        };
+        let rec = self.record(id, spec.clone());
+        match self.store.create_machine(id, state, &rec, &event).await {
+            Ok(m) => Ok(m),
+            Err(e) => Err(self.explain(e, &spec, None).await),
+        }
+    }
+
+    /// One machine by id.
+    pub async fn get(&self, id: MachineId) -> Result<Machine, ServiceError> {
+        self.store
+            .get_machine(id)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("machine {id}")))
+    }
+
+    /// One machine by id (UUID text) or host name.
+    pub async fn resolve(&self, reference: &str) -> Result<Machine, ServiceError> {
+        if let Ok(id) = reference.parse::<MachineId>() {
+            if let Some(m) = self.store.get_machine(id).await? {
+                return Ok(m);
+            }
+        }
+        let host = reference.trim().to_ascii_lowercase();
+        self.store
+            .find_machine(&UniqueKey::Hostname(host))
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("machine {reference}")))
+    }
+
+    /// One machine by a unique value.
+    pub async fn lookup(&self, key: &UniqueKey) -> Result<Machine, ServiceError> {
+        self.store
+            .find_machine(key)
+            .await?
+            .ok_or_else(|| ServiceError::NotFound(format!("machine with {key}")))
+    }
+
+    /// A page of machines.
+    pub async fn list(&self, filter: &MachineFilter) -> Result<MachinePage, ServiceError> {
+        Ok(self.store.list_machines(filter).await?)
+    }
+
+    /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
+    /// `If-Match`; a `version` member of the patch is accepted instead.
+    pub async fn update(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        mut patch: Value,
+        actor: &str,
+    ) -> Result<Machine, ServiceError> {
+        let current = self.get(id).await?;
+        let Some(obj) = patch.as_object_mut() else {
+            let mut e = ValidationErrors::default();
+            e.push(
+                "-",
+                "the body must be a JSON object of the fields to change",
+            );
+            return Err(ServiceError::Invalid(e));
+        };
+        let body_version = match obj.remove("version") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_i64() {
+                Some(n) => Some(n),
+                None => {
+                    let mut e = ValidationErrors::default();
+                    e.push("version", "must be an integer");
+                    return Err(ServiceError::Invalid(e));
+                }
+            },
+        };
+        let expected = expected_version
+            .or(body_version)
+            .ok_or(ServiceError::PreconditionRequired)?;
+        if expected != current.version {
+            return Err(ServiceError::PreconditionFailed {
+                expected,
+                current: current.version,
+            });
+        }
+        // Read-only fields may be sent back unchanged (a GET document edited and returned).
+        let shown = serde_json::to_value(&current).unwrap_or(Value::Null);
+        let mut errs = ValidationErrors::default();
+        for key in READ_ONLY {
+            if let Some(v) = obj.remove(*key) {
+                if shown.get(key) != Some(&v) {
+                    errs.push(*key, "is read-only: Plinth sets it");
+                }
+            }
+        }
+        if let Some(Value::Object(b)) = obj.get_mut("bmc") {
+            b.remove("has_password");
+        }
+        errs.into_result().map_err(ServiceError::Invalid)?;
+
+        let before = current.spec();
+        let mut doc = serde_json::to_value(&before).unwrap_or(Value::Null);
+        merge_patch(&mut doc, &patch);
+        let spec: MachineSpec = serde_path_to_error::deserialize(doc).map_err(|e| {
+            let mut v = ValidationErrors::default();
+            v.push(
+                crate::domain::import::json_path(e.path()),
+                e.inner().to_string(),
+            );
+            ServiceError::Invalid(v)
+        })?;
+        let spec = spec.validate().map_err(ServiceError::Invalid)?;
+        let conflicts = self.conflicts(&spec, Some(id)).await?;
+        if !conflicts.is_empty() {
+            return Err(ServiceError::Conflict(conflicts));
+        }
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: "machine.updated".into(),
+            actor: actor.into(),
+            detail: json!({"version": current.version + 1, "changes": spec_diff(Some(&before), Some(&spec))}),
+        };
+        let rec = self.record(id, spec.clone());
+        match self.store.update_machine(id, expected, &rec, &event).await {
+            Ok(m) => Ok(m),
+            Err(e) => Err(self.explain(e, &spec, Some(id)).await),
+        }
+    }
+
+    /// Remove a machine (its NICs, disks and BMC go with it; its events stay).
+    pub async fn delete(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        actor: &str,
+    ) -> Result<(), ServiceError> {
+        let current = self.get(id).await?;
+        let expected = expected_version.ok_or(ServiceError::PreconditionRequired)?;
+        if expected != current.version {
+            return Err(ServiceError::PreconditionFailed {
+                expected,
+                current: current.version,
+            });
+        }
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: "machine.deleted".into(),
+            actor: actor.into(),
+            detail: json!({"name": current.display_name(), "changes": spec_diff(Some(&current.spec()), None)}),
+        };
+        Ok(self.store.delete_machine(id, expected, &event).await?)
+    }
+
+    /// Import many machines as one transaction. Every bad row is reported (line, field, message) and
+    /// then nothing is imported.
+    pub async fn import(
+        &self,
+        rows: Vec<ImportRow>,
+        actor: &str,
+    ) -> Result<Vec<MachineId>, ServiceError> {
+        let mut errors: Vec<DomainRowError> = Vec::new();
+        let mut good: Vec<(usize, MachineSpec)> = Vec::new();
+        for row in rows {
+            match row.spec.and_then(|s| s.validate()) {
+                Ok(spec) => good.push((row.line, spec)),
+                Err(e) => errors.extend(e.0.into_iter().map(|fe| RowError {
+                    line: row.line,
+                    field: fe.field,
+                    message: fe.message,
+                })),
+            }
+        }
+        // Unique values repeated inside the file.
+        let mut seen: HashMap<UniqueKey, usize> = HashMap::new();
+        let mut all_keys = Vec::new();
+        for (line, spec) in &good {
+            for (field, key) in unique_keys(spec) {
+                if let Some(first) = seen.get(&key) {
+                    errors.push(RowError {
+                        line: *line,
+                        field,
+                        message: format!("{key} is also on line {first}"),
+                    });
+                } else {
+                    seen.insert(key.clone(), *line);
+                    all_keys.push((*line, field, key));
+                }
+            }
+        }
+        // Unique values already in the inventory.
+        let plain: Vec<UniqueKey> = all_keys.iter().map(|(_, _, k)| k.clone()).collect();
+        let mut owners: HashMap<UniqueKey, MachineRef> = HashMap::new();
+        for chunk in plain.chunks(2000) {
+            owners.extend(self.store.owners(chunk).await?);
+        }
+        for (line, field, key) in &all_keys {
+            if let Some(owner) = owners.get(key) {
+                errors.push(RowError {
+                    line: *line,
+                    field: field.clone(),
+                    message: format!(
+                        "{key} already belongs to machine {} ({})",
+                        owner.name, owner.id
+                    ),
+                });
+            }
+        }
+        if !errors.is_empty() {
+            errors.sort_by_key(|e| e.line);
+            return Err(ServiceError::ImportRejected(errors));
+        }
+        let records: Vec<(MachineId, MachineRecord)> = good
+            .into_iter()
+            .map(|(_, spec)| {
+                let id = MachineId::new();
+                (id, self.record(id, spec))
+            })
+            .collect();
+        let ids = records.iter().map(|(id, _)| *id).collect();
+        match self.store.import_machines(&records, actor).await {
+            Ok(()) => Ok(ids),
+            Err(StoreError::Conflict(_)) => Err(ServiceError::ImportRejected(vec![RowError {
+                line: 0,
+                field: "-".into(),
+                message:
+                    "another writer registered the same values meanwhile; nothing imported, retry"
+                        .into(),
+            }])),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The BMC password of a machine, decrypted, for the Redfish client only.
+    pub async fn bmc_password(&self, id: MachineId) -> Result<Option<String>, ServiceError> {
+        let Some(sealed) = self.store.bmc_password(id).await? else {
+            return Ok(None);
+        };
+        let plain = self
+            .secrets
+            .open(&password_context(id), &sealed)
+            .map_err(|e| ServiceError::Store(StoreError::Backend(e.to_string())))?;
+        Ok(Some(String::from_utf8_lossy(&plain).into_owned()))
+    }
+
+    /// Events, oldest first.
+    pub async fn events(&self, filter: &EventFilter) -> Result<Vec<Event>, ServiceError> {
+        Ok(self.store.list_events(filter).await?)
+    }
+}
+
+fn unique_value(k: &UniqueKey) -> String {
+    match k {
+        UniqueKey::Hostname(v) | UniqueKey::Serial(v) | UniqueKey::AssetTag(v) => v.clone(),
+        UniqueKey::SmbiosUuid(v) => v.to_string(),
+        UniqueKey::Mac(v) => v.to_string(),
+        UniqueKey::Ipv4(v) => v.to_string(),
+    }
+}
+
+/// RFC 7386 JSON merge patch.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = Value::Object(serde_json::Map::new());
+            }
+            if let Value::Object(t) = target {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch(t.entry(k.clone()).or_insert(Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_patch_rfc7386_examples() {
+        let mut t = json!({"a": "b", "c": {"d": "e", "f": "g"}});
+        merge_patch(&mut t, &json!({"a": "z", "c": {"f": null}}));
+        assert_eq!(t, json!({"a": "z", "c": {"d": "e"}}));
+        let mut t = json!({"a": [1, 2]});
+        merge_patch(&mut t, &json!({"a": [3]}));
+        assert_eq!(t, json!({"a": [3]}));
+    }
+}

@@ -1,0 +1,60 @@
+//! Use cases of the inventory and the traits they need from the outside world.
+//!
+//! Front doors (HTTP, later DHCP/TFTP) call `Inventory`; stores implement `InventoryStore`. This module
+//! imports `domain` and nothing from `store`, `http` or any concrete database.
+
+pub mod auth;
+pub mod inventory;
+pub mod secrets;
+pub mod store;
+
+pub use auth::{ApiRole, NewToken, TokenInfo};
+pub use inventory::{ImportRow, Inventory, RowError};
+pub use secrets::SecretBox;
+pub use store::*;
+
+use crate::domain::ValidationErrors;
+
+/// Errors of the service layer; turned into protocol answers only at the edge (`http/error.rs`).
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    /// Input refused field by field.
+    #[error("invalid input: {0}")]
+    Invalid(ValidationErrors),
+    /// No such thing.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// A unique value already belongs to another machine.
+    #[error("conflict: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Conflict(Vec<Conflict>),
+    /// The caller's version is stale.
+    #[error("version {expected} is stale; the machine is at version {current}")]
+    PreconditionFailed {
+        /// What the caller sent.
+        expected: i64,
+        /// What the inventory holds.
+        current: i64,
+    },
+    /// An edit came without `If-Match` or `version`.
+    #[error("send If-Match with the machine's version (or `version` in the body) to edit it")]
+    PreconditionRequired,
+    /// A bulk import with bad rows: nothing was imported.
+    #[error("import refused: {} bad row(s), nothing imported", .0.len())]
+    ImportRejected(Vec<RowError>),
+    /// The store failed.
+    #[error("store: {0}")]
+    Store(#[source] StoreError),
+}
+
+impl From<StoreError> for ServiceError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Conflict(c) => ServiceError::Conflict(c),
+            StoreError::NotFound => ServiceError::NotFound("machine".into()),
+            StoreError::VersionMismatch { expected, current } => {
+                ServiceError::PreconditionFailed { expected, current }
+            }
+            other => ServiceError::Store(other),
+        }
+    }
+}
