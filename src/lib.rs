@@ -3,6 +3,10 @@
 //! Layers (arrows point inwards only): front doors (`http`) -> `service` -> `domain`; `store`
 //! implements the traits of `service`. `app` is the only place that names concrete types.
 
+pub mod app;
+pub mod cli;
+pub mod config;
 pub mod domain;
+pub mod http;
 pub mod service;
 pub mod store;

@@ -1,2 +1,125 @@
-//! The `plinth` binary.
-fn main() {}
+//! The `plinth` binary: parse the command line, load the configuration, set up logging, and hand
+//! over to `app` (server) or `cli` (client commands). Nothing else.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+use plinth::cli::{Cli, Command, TokenCommand};
+use plinth::config::{Config, LogFormat};
+use plinth::service::{ApiRole, Tokens};
+
+fn telemetry(config: &Config) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log_level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        if let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        {
+            tokio::select! { _ = ctrl_c => {}, _ = term.recv() => {} }
+            return;
+        }
+    }
+    let _ = ctrl_c.await;
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let overrides = cli.overrides();
+    let load = || Config::load(cli.config.as_deref(), &overrides).map_err(anyhow::Error::from);
+    match cli.command {
+        Command::Serve { .. } => {
+            let config = load()?;
+            telemetry(&config);
+            let running = plinth::app::spawn(&config).await?;
+            let addr = running.http_addr;
+            eprintln!(
+                "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics); database {}; DHCP off; TFTP off",
+                plinth::store::redact_url(&config.database_url)
+            );
+            tracing::info!(http = %addr, "plinth started");
+            let stop = running.shutdown.clone();
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                tracing::info!("shutting down");
+                stop.cancel();
+            });
+            running.wait().await
+        }
+        Command::Migrate => {
+            let config = load()?;
+            plinth::app::open_store(&config, true).await?;
+            eprintln!(
+                "migrations applied to {}",
+                plinth::store::redact_url(&config.database_url)
+            );
+            Ok(())
+        }
+        Command::Token(t) => {
+            let config = load()?;
+            let store = plinth::app::open_store(&config, true).await?;
+            let tokens = Tokens::new(store);
+            match t {
+                TokenCommand::Create {
+                    role,
+                    name,
+                    expires_in_days,
+                } => {
+                    let role: ApiRole =
+                        role.parse().map_err(anyhow::Error::msg).context("--role")?;
+                    let name = name.unwrap_or_else(|| role.to_string());
+                    let expires = expires_in_days
+                        .map(|d| chrono::Utc::now() + chrono::Duration::days(i64::from(d)));
+                    let (secret, _) = tokens.create(&name, role, expires, "cli").await?;
+                    println!("{secret}");
+                }
+                TokenCommand::List => {
+                    for t in tokens.list().await? {
+                        let state = if t.revoked { "revoked" } else { "live" };
+                        let exp = t
+                            .expires_at
+                            .map(|e| e.to_rfc3339())
+                            .unwrap_or_else(|| "never".into());
+                        println!("{}\t{}\t{}\t{state}\texpires {exp}", t.id, t.name, t.role);
+                    }
+                }
+                TokenCommand::Revoke { id } => {
+                    let id = id.parse().context("token id must be a UUID")?;
+                    if !tokens.revoke(id, "cli").await? {
+                        anyhow::bail!("no live token {id}");
+                    }
+                    eprintln!("revoked {id}");
+                }
+            }
+            Ok(())
+        }
+        Command::SecretKey => {
+            println!("{}", plinth::service::SecretBox::generate_key_text());
+            Ok(())
+        }
+        Command::Machine(args) => plinth::cli::machine(args).await,
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plinth: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -14,6 +14,18 @@ pub struct ParsedRow {
     pub line: usize,
     /// The spec, or why the row could not be read.
     pub spec: Result<MachineSpec, ValidationErrors>,
+    /// The file's format, which decides how fields are named back to the operator.
+    pub format: ImportFormat,
+}
+
+impl ParsedRow {
+    /// The name the operator knows a spec field by: the CSV column, or the JSON path.
+    pub fn field_name(&self, path: &str) -> String {
+        match self.format {
+            ImportFormat::Csv => csv_column_of(path),
+            ImportFormat::Json => path.to_string(),
+        }
+    }
 }
 
 /// A problem with one row (or the file as a whole, line 0 meaning the file).
@@ -90,7 +102,11 @@ fn parse_json(text: &str) -> Result<Vec<ParsedRow>, RowError> {
                 v.push(json_path(e.path()), e.inner().to_string());
                 v
             });
-            ParsedRow { line, spec }
+            ParsedRow {
+                line,
+                spec,
+                format: ImportFormat::Json,
+            }
         })
         .collect())
 }
@@ -179,6 +195,7 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
         rows.push(ParsedRow {
             line,
             spec: csv_row(&get),
+            format: ImportFormat::Csv,
         });
     }
     Ok(rows)
@@ -226,7 +243,7 @@ fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, Validati
             boot: true,
             name: None,
         });
-    } else if ipv4.is_some() {
+    } else if ipv4.is_some() && get("mac").is_none() {
         errs.push(
             "ipv4",
             "a reserved address needs the `mac` of its interface",

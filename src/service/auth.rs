@@ -140,3 +140,66 @@ mod tests {
         assert!(ApiRole::Viewer < ApiRole::Operator && ApiRole::Operator < ApiRole::Admin);
     }
 }
+
+/// Token use cases: mint, authenticate, list, revoke.
+#[derive(Clone)]
+pub struct Tokens {
+    store: std::sync::Arc<dyn super::InventoryStore>,
+}
+
+impl Tokens {
+    /// Over a store.
+    pub fn new(store: std::sync::Arc<dyn super::InventoryStore>) -> Self {
+        Self { store }
+    }
+
+    /// Mint and store a token; the secret is returned once and never stored.
+    pub async fn create(
+        &self,
+        name: &str,
+        role: ApiRole,
+        expires_at: Option<DateTime<Utc>>,
+        actor: &str,
+    ) -> Result<(String, TokenInfo), super::StoreError> {
+        let (secret, rec) = mint_token(name, role, expires_at);
+        let info = self.store.create_token(&rec).await?;
+        self.store
+            .append_event(&super::NewEvent {
+                machine_id: None,
+                kind: "token.created".into(),
+                actor: actor.into(),
+                detail: serde_json::json!({"token_id": info.id, "name": name, "role": role}),
+            })
+            .await?;
+        Ok((secret, info))
+    }
+
+    /// The live token for a presented secret.
+    pub async fn authenticate(&self, secret: &str) -> Result<Option<TokenInfo>, super::StoreError> {
+        if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 128 {
+            return Ok(None);
+        }
+        self.store.token_by_hash(&token_hash(secret)).await
+    }
+
+    /// Every token's metadata.
+    pub async fn list(&self) -> Result<Vec<TokenInfo>, super::StoreError> {
+        self.store.list_tokens().await
+    }
+
+    /// Revoke; false when no live token had that id.
+    pub async fn revoke(&self, id: Uuid, actor: &str) -> Result<bool, super::StoreError> {
+        let done = self.store.revoke_token(id).await?;
+        if done {
+            self.store
+                .append_event(&super::NewEvent {
+                    machine_id: None,
+                    kind: "token.revoked".into(),
+                    actor: actor.into(),
+                    detail: serde_json::json!({"token_id": id}),
+                })
+                .await?;
+        }
+        Ok(done)
+    }
+}

@@ -286,10 +286,10 @@ impl Inventory {
         actor: &str,
     ) -> Result<Vec<MachineId>, ServiceError> {
         let mut errors: Vec<DomainRowError> = Vec::new();
-        let mut good: Vec<(usize, MachineSpec)> = Vec::new();
+        let mut good: Vec<(ImportRow, MachineSpec)> = Vec::new();
         for row in rows {
-            match row.spec.and_then(|s| s.validate()) {
-                Ok(spec) => good.push((row.line, spec)),
+            match row.spec.clone().and_then(|s| s.validate()) {
+                Ok(spec) => good.push((row, spec)),
                 Err(e) => errors.extend(e.0.into_iter().map(|fe| RowError {
                     line: row.line,
                     field: fe.field,
@@ -300,17 +300,18 @@ impl Inventory {
         // Unique values repeated inside the file.
         let mut seen: HashMap<UniqueKey, usize> = HashMap::new();
         let mut all_keys = Vec::new();
-        for (line, spec) in &good {
-            for (field, key) in unique_keys(spec) {
+        for (row, spec) in &good {
+            for (path, key) in unique_keys(spec) {
+                let field = row.field_name(&path);
                 if let Some(first) = seen.get(&key) {
                     errors.push(RowError {
-                        line: *line,
+                        line: row.line,
                         field,
                         message: format!("{key} is also on line {first}"),
                     });
                 } else {
-                    seen.insert(key.clone(), *line);
-                    all_keys.push((*line, field, key));
+                    seen.insert(key.clone(), row.line);
+                    all_keys.push((row.line, field, key));
                 }
             }
         }

@@ -8,7 +8,7 @@ pub mod inventory;
 pub mod secrets;
 pub mod store;
 
-pub use auth::{ApiRole, NewToken, TokenInfo};
+pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
 pub use inventory::{ImportRow, Inventory, RowError};
 pub use secrets::SecretBox;
 pub use store::*;

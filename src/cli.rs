@@ -1,0 +1,792 @@
+//! The command line: `plinth serve`, `migrate`, `token`, `secret-key`, and `machine ...`, which
+//! talks to a running server's API (table output by default, `--json` for scripts).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use serde_json::{json, Map, Value};
+
+use crate::config::Overrides;
+
+/// Plinth: bare-metal provisioning for Talos Linux.
+#[derive(Debug, Parser)]
+#[command(name = "plinth", version, about)]
+pub struct Cli {
+    /// TOML configuration file (see plinth.example.toml). Without one, the embedded defaults apply.
+    #[arg(long, global = true, env = "PLINTH_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Data directory (SQLite database, generated secret key, caches).
+    #[arg(long, global = true)]
+    pub data_dir: Option<PathBuf>,
+    /// Database URL: sqlite://PATH or postgres://USER@HOST/DB.
+    #[arg(long, global = true, env = "PLINTH_DATABASE_URL")]
+    pub database_url: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the server.
+    Serve {
+        /// HTTP listen address, e.g. 0.0.0.0:8080.
+        #[arg(long)]
+        http: Option<String>,
+    },
+    /// Apply pending database migrations and exit.
+    Migrate,
+    /// Manage API tokens directly in the database (no server needed).
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Print a new random secret key (for secrets.key_file or PLINTH_SECRET_KEY).
+    SecretKey,
+    /// Register and manage machines through the API of a running server.
+    Machine(MachineArgs),
+}
+
+/// `plinth token ...`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Mint a token and print it (only the token, once) on stdout.
+    Create {
+        /// viewer, operator or admin.
+        #[arg(long)]
+        role: String,
+        /// Name, shown as the actor of events (default: the role).
+        #[arg(long)]
+        name: Option<String>,
+        /// Expire after this many days.
+        #[arg(long)]
+        expires_in_days: Option<u32>,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id.
+    Revoke {
+        /// Token id.
+        id: String,
+    },
+}
+
+/// Connection to the API.
+#[derive(Debug, Args)]
+pub struct MachineArgs {
+    /// Server URL.
+    #[arg(
+        long,
+        global = true,
+        env = "PLINTH_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    pub server: String,
+    /// API token.
+    #[arg(long, global = true, env = "PLINTH_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: MachineCommand,
+}
+
+/// `plinth machine ...`.
+#[derive(Debug, Subcommand)]
+pub enum MachineCommand {
+    /// Register a machine.
+    Add(AddArgs),
+    /// List machines.
+    List {
+        /// Lifecycle state.
+        #[arg(long)]
+        state: Option<String>,
+        /// Site.
+        #[arg(long)]
+        site: Option<String>,
+        /// Rack.
+        #[arg(long)]
+        rack: Option<String>,
+        /// Cluster.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Role.
+        #[arg(long)]
+        role: Option<String>,
+        /// Free-text search.
+        #[arg(long, short)]
+        q: Option<String>,
+        /// Page size; with --all, pages are followed to the end.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        /// Fetch every page.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Show one machine (id, host name, MAC, serial, asset tag or SMBIOS UUID).
+    Show {
+        /// The machine.
+        machine: String,
+    },
+    /// Change fields: `--set rack=r12 --set rack_unit=7 --set bmc.url=https://10.0.0.5`; an empty
+    /// value clears the field; values that are JSON (numbers, arrays, objects) are sent as JSON.
+    Edit {
+        /// The machine.
+        machine: String,
+        /// key=value.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        set: Vec<String>,
+        /// A JSON merge patch file.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// Remove a machine.
+    Rm {
+        /// The machine.
+        machine: String,
+    },
+    /// Import a CSV or JSON file as one transaction.
+    Import {
+        /// The file (.csv or .json).
+        file: PathBuf,
+        /// csv or json (default: from the file name).
+        #[arg(long)]
+        format: Option<String>,
+    },
+}
+
+/// `plinth machine add`.
+#[derive(Debug, Args)]
+pub struct AddArgs {
+    /// A JSON file with the whole machine (fields below override it).
+    #[arg(long)]
+    pub file: Option<PathBuf>,
+    /// Host name.
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// NIC MAC address; repeat for more NICs (the first is the boot NIC).
+    #[arg(long = "mac")]
+    pub macs: Vec<String>,
+    /// Reserved IPv4 of the first NIC.
+    #[arg(long)]
+    pub ip: Option<String>,
+    /// Serial number.
+    #[arg(long)]
+    pub serial: Option<String>,
+    /// Asset tag.
+    #[arg(long)]
+    pub asset_tag: Option<String>,
+    /// SMBIOS UUID.
+    #[arg(long)]
+    pub uuid: Option<String>,
+    /// Manufacturer.
+    #[arg(long)]
+    pub manufacturer: Option<String>,
+    /// Model.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Site.
+    #[arg(long)]
+    pub site: Option<String>,
+    /// Rack.
+    #[arg(long)]
+    pub rack: Option<String>,
+    /// Rack unit.
+    #[arg(long)]
+    pub unit: Option<u16>,
+    /// control-plane or worker.
+    #[arg(long)]
+    pub role: Option<String>,
+    /// Cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Profile.
+    #[arg(long)]
+    pub profile: Option<String>,
+    /// BMC Redfish URL.
+    #[arg(long)]
+    pub bmc_url: Option<String>,
+    /// BMC user.
+    #[arg(long)]
+    pub bmc_user: Option<String>,
+    /// File holding the BMC password (or set PLINTH_BMC_PASSWORD); never on the command line.
+    #[arg(long)]
+    pub bmc_password_file: Option<PathBuf>,
+    /// BMC TLS mode: verify, pinned or insecure.
+    #[arg(long)]
+    pub bmc_tls: Option<String>,
+    /// BMC certificate SHA-256 fingerprint (with --bmc-tls pinned).
+    #[arg(long)]
+    pub bmc_fingerprint: Option<String>,
+}
+
+impl Cli {
+    /// Overrides for `Config::load`.
+    pub fn overrides(&self) -> Overrides {
+        let http = match &self.command {
+            Command::Serve { http } => http.clone(),
+            _ => None,
+        };
+        Overrides {
+            data_dir: self.data_dir.clone(),
+            http,
+            database_url: self.database_url.clone(),
+        }
+    }
+}
+
+/// A small client of the Plinth API.
+pub struct ApiClient {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl ApiClient {
+    /// For `server`, authenticating with `token`.
+    pub fn new(server: &str, token: Option<String>) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .timeout(std::time::Duration::from_secs(300))
+            .build()
+            .context("HTTP client")?;
+        Ok(Self {
+            base: server.trim_end_matches('/').to_string(),
+            token,
+            http,
+        })
+    }
+
+    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let r = self
+            .http
+            .request(method, format!("{}/api/v1{path}", self.base));
+        match &self.token {
+            Some(t) => r.bearer_auth(t),
+            None => r,
+        }
+    }
+
+    /// Send and decode; an error answer becomes an error naming its fields, rows and conflicts.
+    pub async fn send(
+        &self,
+        rb: reqwest::RequestBuilder,
+    ) -> anyhow::Result<(reqwest::header::HeaderMap, Value)> {
+        let resp = rb
+            .send()
+            .await
+            .with_context(|| format!("cannot reach Plinth at {}", self.base))?;
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let text = resp.text().await.unwrap_or_default();
+        let body: Value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
+        if status.is_success() {
+            return Ok((headers, body));
+        }
+        bail!("{}", describe_error(status.as_u16(), &body))
+    }
+
+    async fn get_machine(&self, reference: &str) -> anyhow::Result<(i64, Value)> {
+        let path = if let Ok(mac) = reference.parse::<crate::domain::MacAddr>() {
+            format!("/machines/lookup?mac={mac}")
+        } else {
+            format!("/machines/{}", urlencode(reference))
+        };
+        let (h, body) = match self.send(self.req(reqwest::Method::GET, &path)).await {
+            Ok(ok) => ok,
+            Err(first) => {
+                // Not an id or host name: try serial, asset tag, SMBIOS UUID.
+                let mut found = None;
+                for key in ["serial", "asset_tag", "uuid"] {
+                    let p = format!("/machines/lookup?{key}={}", urlencode(reference));
+                    if let Ok(ok) = self.send(self.req(reqwest::Method::GET, &p)).await {
+                        found = Some(ok);
+                        break;
+                    }
+                }
+                found.ok_or(first)?
+            }
+        };
+        let version = etag_version(&h)
+            .or_else(|| body["version"].as_i64())
+            .context("answer has no version")?;
+        Ok((version, body))
+    }
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn etag_version(h: &reqwest::header::HeaderMap) -> Option<i64> {
+    h.get(reqwest::header::ETAG)?
+        .to_str()
+        .ok()?
+        .trim_matches('"')
+        .parse()
+        .ok()
+}
+
+/// Human text for an API error answer.
+pub fn describe_error(status: u16, body: &Value) -> String {
+    let e = &body["error"];
+    let mut out = format!(
+        "HTTP {status}: {}",
+        e["message"].as_str().unwrap_or(&body.to_string())
+    );
+    for f in e["fields"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\n  {}: {}",
+            f["field"].as_str().unwrap_or("-"),
+            f["message"].as_str().unwrap_or("")
+        ));
+    }
+    for c in e["conflicts"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\n  {}: {} belongs to {} ({})",
+            c["field"].as_str().unwrap_or("-"),
+            c["value"].as_str().unwrap_or(""),
+            c["owner"]["name"].as_str().unwrap_or(""),
+            c["owner"]["id"].as_str().unwrap_or("")
+        ));
+    }
+    for r in e["rows"].as_array().into_iter().flatten() {
+        out.push_str(&format!(
+            "\n  line {}: {}: {}",
+            r["line"],
+            r["field"].as_str().unwrap_or("-"),
+            r["message"].as_str().unwrap_or("")
+        ));
+    }
+    out
+}
+
+fn opt(v: &Option<String>) -> Value {
+    v.as_ref().map_or(Value::Null, |s| Value::String(s.clone()))
+}
+
+/// Turn `key=value` pairs into a merge patch (dotted keys nest; empty values clear).
+pub fn set_patch(pairs: &[String]) -> anyhow::Result<Value> {
+    let mut root = Map::new();
+    for pair in pairs {
+        let (k, v) = pair
+            .split_once('=')
+            .with_context(|| format!("`{pair}` is not KEY=VALUE"))?;
+        let value = if v.is_empty() {
+            Value::Null
+        } else {
+            match serde_json::from_str::<Value>(v) {
+                Ok(
+                    j @ (Value::Number(_) | Value::Array(_) | Value::Object(_) | Value::Bool(_)),
+                ) => j,
+                _ => Value::String(v.to_string()),
+            }
+        };
+        let mut cur = &mut root;
+        let parts: Vec<&str> = k.split('.').collect();
+        for (i, part) in parts.iter().enumerate() {
+            if i + 1 == parts.len() {
+                cur.insert((*part).to_string(), value.clone());
+            } else {
+                let next = cur
+                    .entry((*part).to_string())
+                    .or_insert_with(|| Value::Object(Map::new()));
+                if !next.is_object() {
+                    *next = Value::Object(Map::new());
+                }
+                cur = next.as_object_mut().context("nested key")?;
+            }
+        }
+    }
+    Ok(Value::Object(root))
+}
+
+fn machine_spec(a: &AddArgs) -> anyhow::Result<Value> {
+    let mut spec = match &a.file {
+        Some(f) => serde_json::from_str(
+            &std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        )
+        .with_context(|| format!("{} is not JSON", f.display()))?,
+        None => json!({}),
+    };
+    let fields = [
+        ("hostname", opt(&a.hostname)),
+        ("serial", opt(&a.serial)),
+        ("asset_tag", opt(&a.asset_tag)),
+        ("smbios_uuid", opt(&a.uuid)),
+        ("manufacturer", opt(&a.manufacturer)),
+        ("model", opt(&a.model)),
+        ("site", opt(&a.site)),
+        ("rack", opt(&a.rack)),
+        ("rack_unit", a.unit.map_or(Value::Null, |u| json!(u))),
+        ("role", opt(&a.role)),
+        ("cluster", opt(&a.cluster)),
+        ("profile", opt(&a.profile)),
+    ];
+    for (k, v) in fields {
+        if !v.is_null() {
+            spec[k] = v;
+        }
+    }
+    if !a.macs.is_empty() {
+        let nics: Vec<Value> = a
+            .macs
+            .iter()
+            .enumerate()
+            .map(|(i, m)| {
+                let mut n = json!({"mac": m, "boot": i == 0});
+                if i == 0 {
+                    if let Some(ip) = &a.ip {
+                        n["ipv4"] = json!(ip);
+                    }
+                }
+                n
+            })
+            .collect();
+        spec["interfaces"] = Value::Array(nics);
+    } else if a.ip.is_some() {
+        bail!("--ip needs --mac: the address is reserved for a NIC");
+    }
+    if let Some(url) = &a.bmc_url {
+        let mut b = json!({"url": url, "username": a.bmc_user.clone().unwrap_or_default()});
+        let pw = match (
+            &a.bmc_password_file,
+            std::env::var("PLINTH_BMC_PASSWORD").ok(),
+        ) {
+            (Some(f), _) => Some(
+                std::fs::read_to_string(f)
+                    .with_context(|| format!("cannot read {}", f.display()))?
+                    .trim_end_matches(['\r', '\n'])
+                    .to_string(),
+            ),
+            (None, env) => env,
+        };
+        if let Some(pw) = pw {
+            b["password"] = json!(pw);
+        }
+        if let Some(t) = &a.bmc_tls {
+            b["tls"] = json!(t);
+        }
+        if let Some(fp) = &a.bmc_fingerprint {
+            b["fingerprint"] = json!(fp);
+        }
+        spec["bmc"] = b;
+    }
+    Ok(spec)
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => String::new(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn boot_nic(m: &Value) -> (String, String) {
+    let nics = m["interfaces"].as_array().cloned().unwrap_or_default();
+    let nic = nics
+        .iter()
+        .find(|n| n["boot"] == json!(true))
+        .or(nics.first())
+        .cloned()
+        .unwrap_or(Value::Null);
+    (s(&nic["mac"]), s(&nic["ipv4"]))
+}
+
+fn print_list(items: &[Value]) {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header([
+        "ID", "HOSTNAME", "STATE", "ROLE", "CLUSTER", "RACK/U", "BOOT MAC", "IPV4", "SERIAL",
+    ]);
+    for m in items {
+        let (mac, ip) = boot_nic(m);
+        let rack = match (s(&m["rack"]), s(&m["rack_unit"])) {
+            (r, u) if u.is_empty() => r,
+            (r, u) => format!("{r}/{u}"),
+        };
+        t.add_row([
+            s(&m["id"]),
+            s(&m["hostname"]),
+            s(&m["state"]),
+            s(&m["role"]),
+            s(&m["cluster"]),
+            rack,
+            mac,
+            ip,
+            s(&m["serial"]),
+        ]);
+    }
+    say(&t);
+}
+
+fn print_machine(m: &Value) {
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    for k in [
+        "id",
+        "hostname",
+        "state",
+        "state_reason",
+        "role",
+        "cluster",
+        "profile",
+        "site",
+        "rack",
+        "rack_unit",
+        "serial",
+        "asset_tag",
+        "smbios_uuid",
+        "manufacturer",
+        "model",
+        "version",
+        "created_at",
+        "updated_at",
+    ] {
+        if !m[k].is_null() {
+            t.add_row([k.to_string(), s(&m[k])]);
+        }
+    }
+    if let Some(b) = m["bmc"].as_object() {
+        t.add_row([
+            "bmc".to_string(),
+            format!(
+                "{} (user {}, tls {}, password {})",
+                s(&b["url"]),
+                s(&b["username"]),
+                s(&b["tls"]),
+                if b["has_password"] == json!(true) {
+                    "stored"
+                } else {
+                    "none"
+                }
+            ),
+        ]);
+    }
+    for n in m["interfaces"].as_array().into_iter().flatten() {
+        let boot = if n["boot"] == json!(true) {
+            " (boot)"
+        } else {
+            ""
+        };
+        t.add_row([
+            "interface".to_string(),
+            format!("{} {}{boot}", s(&n["mac"]), s(&n["ipv4"]))
+                .trim()
+                .to_string(),
+        ]);
+    }
+    for d in m["disks"].as_array().into_iter().flatten() {
+        t.add_row([
+            "disk".to_string(),
+            format!(
+                "{} {} {} {}B{}",
+                s(&d["type"]),
+                s(&d["model"]),
+                s(&d["serial"]),
+                s(&d["size_bytes"]),
+                if d["data_disk"] == json!(true) {
+                    " data"
+                } else {
+                    ""
+                }
+            ),
+        ]);
+    }
+    say(&t);
+}
+
+/// Print a line to stdout; a closed pipe (`plinth machine list | head`) ends the program quietly
+/// instead of panicking as `println!` would.
+fn say(text: impl std::fmt::Display) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if writeln!(out, "{text}").is_err() {
+        std::process::exit(0);
+    }
+}
+
+fn emit(json_out: bool, v: &Value, human: impl FnOnce(&Value)) {
+    if json_out {
+        say(serde_json::to_string_pretty(v).unwrap_or_default());
+    } else {
+        human(v);
+    }
+}
+
+/// Run `plinth machine ...`.
+pub async fn machine(args: MachineArgs) -> anyhow::Result<()> {
+    let api = ApiClient::new(&args.server, args.token.clone())?;
+    use reqwest::Method;
+    match args.command {
+        MachineCommand::Add(a) => {
+            let spec = machine_spec(&a)?;
+            let (_, m) = api
+                .send(api.req(Method::POST, "/machines").json(&spec))
+                .await?;
+            emit(args.json, &m, print_machine);
+        }
+        MachineCommand::List {
+            state,
+            site,
+            rack,
+            cluster,
+            role,
+            q,
+            limit,
+            all,
+        } => {
+            let mut items = Vec::new();
+            let mut cursor: Option<String> = None;
+            let mut total;
+            loop {
+                let mut query: Vec<(&str, String)> = vec![("limit", limit.to_string())];
+                for (k, v) in [
+                    ("state", &state),
+                    ("site", &site),
+                    ("rack", &rack),
+                    ("cluster", &cluster),
+                    ("role", &role),
+                    ("q", &q),
+                ] {
+                    if let Some(v) = v {
+                        query.push((k, v.clone()));
+                    }
+                }
+                if let Some(c) = &cursor {
+                    query.push(("cursor", c.clone()));
+                }
+                let (_, page) = api
+                    .send(api.req(Method::GET, "/machines").query(&query))
+                    .await?;
+                total = page["total"].as_i64().unwrap_or(0);
+                items.extend(page["items"].as_array().cloned().unwrap_or_default());
+                cursor = page["next_cursor"].as_str().map(str::to_string);
+                if !all || cursor.is_none() {
+                    break;
+                }
+            }
+            if args.json {
+                say(serde_json::to_string_pretty(&items)?);
+            } else {
+                print_list(&items);
+                let more = if cursor.is_some() {
+                    " (more: use --all)"
+                } else {
+                    ""
+                };
+                say(format!("{} of {total} machine(s){more}", items.len()));
+            }
+        }
+        MachineCommand::Show { machine } => {
+            let (_, m) = api.get_machine(&machine).await?;
+            emit(args.json, &m, print_machine);
+        }
+        MachineCommand::Edit { machine, set, file } => {
+            let mut patch = set_patch(&set)?;
+            if let Some(f) = file {
+                let text = std::fs::read_to_string(&f)
+                    .with_context(|| format!("cannot read {}", f.display()))?;
+                let from_file: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not JSON", f.display()))?;
+                crate::service::inventory::merge_patch(&mut patch, &from_file);
+            }
+            if patch.as_object().is_some_and(Map::is_empty) {
+                bail!("nothing to change: give --set KEY=VALUE or --file PATCH.json");
+            }
+            let (version, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, m) = api
+                .send(
+                    api.req(Method::PATCH, &format!("/machines/{id}"))
+                        .header(reqwest::header::IF_MATCH, format!("\"{version}\""))
+                        .json(&patch),
+                )
+                .await?;
+            emit(args.json, &m, print_machine);
+        }
+        MachineCommand::Rm { machine } => {
+            let (version, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            api.send(
+                api.req(Method::DELETE, &format!("/machines/{id}"))
+                    .header(reqwest::header::IF_MATCH, format!("\"{version}\"")),
+            )
+            .await?;
+            if args.json {
+                say(json!({"removed": id}));
+            } else {
+                say(format!("removed {} ({id})", s(&m["hostname"])));
+            }
+        }
+        MachineCommand::Import { file, format } => {
+            let text =
+                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            let format = match format {
+                Some(f) => f,
+                None => match file.extension().and_then(|e| e.to_str()) {
+                    Some("csv") => "csv".into(),
+                    Some("json") => "json".into(),
+                    _ => bail!(
+                        "cannot tell the format of {}: give --format csv|json",
+                        file.display()
+                    ),
+                },
+            };
+            let ct = if format == "csv" {
+                "text/csv"
+            } else {
+                "application/json"
+            };
+            let (_, r) = api
+                .send(
+                    api.req(Method::POST, "/machines/import")
+                        .query(&[("format", &format)])
+                        .header(reqwest::header::CONTENT_TYPE, ct)
+                        .body(text),
+                )
+                .await?;
+            if args.json {
+                say(&r);
+            } else {
+                say(format!("imported {} machine(s)", r["imported"]));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn set_patch_nests_and_clears() {
+        let p = set_patch(&[
+            "rack=r1".into(),
+            "rack_unit=7".into(),
+            "bmc.url=https://x".into(),
+            "serial=".into(),
+        ])
+        .expect("patch");
+        assert_eq!(
+            p,
+            json!({"rack": "r1", "rack_unit": 7, "bmc": {"url": "https://x"}, "serial": null})
+        );
+        assert!(set_patch(&["novalue".into()]).is_err());
+    }
+}

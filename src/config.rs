@@ -1,0 +1,387 @@
+//! Configuration: `RawConfig` mirrors the TOML file (unknown keys refused), `Config` is the validated
+//! form the server runs on. Every refusal names the key and the fix, and happens before any socket
+//! is bound. Secrets never live in this file: the secret key comes from `PLINTH_SECRET_KEY` or a
+//! key file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::store::{redact_url, Dialect};
+
+/// Default data directory, relative to where the server starts.
+pub const DEFAULT_DATA_DIR: &str = "./plinth-data";
+/// Default HTTP listen address.
+pub const DEFAULT_HTTP: &str = "0.0.0.0:8080";
+/// Environment variable that holds the secret key (takes precedence over `secrets.key_file`).
+pub const SECRET_KEY_ENV: &str = "PLINTH_SECRET_KEY";
+
+/// A refused configuration value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config key `{key}`: {message}")]
+pub struct ConfigError {
+    /// Dotted key, e.g. `http.listen`.
+    pub key: String,
+    /// What is wrong and how to fix it.
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(key: &str, message: impl Into<String>) -> Self {
+        Self {
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// The TOML file as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// Directory for the SQLite database, the generated secret key and caches.
+    pub data_dir: Option<PathBuf>,
+    /// `[database]`.
+    #[serde(default)]
+    pub database: RawDatabase,
+    /// `[http]`.
+    #[serde(default)]
+    pub http: RawHttp,
+    /// `[secrets]`.
+    #[serde(default)]
+    pub secrets: RawSecrets,
+    /// `[log]`.
+    #[serde(default)]
+    pub log: RawLog,
+}
+
+/// `[database]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDatabase {
+    /// `sqlite://PATH` or `postgres://USER@HOST/DB`.
+    pub url: Option<String>,
+    /// Connection pool size.
+    pub max_connections: Option<u32>,
+}
+
+/// `[http]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawHttp {
+    /// `IP:PORT` to listen on.
+    pub listen: Option<String>,
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: Option<u64>,
+}
+
+/// `[secrets]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSecrets {
+    /// File holding the 32-byte secret key (base64 or hex).
+    pub key_file: Option<PathBuf>,
+}
+
+/// `[log]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    /// `text` or `json`.
+    pub format: Option<String>,
+    /// A tracing filter such as `info` or `plinth=debug,info`.
+    pub level: Option<String>,
+}
+
+/// Values given on the command line; they win over the file.
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--http`.
+    pub http: Option<String>,
+    /// `--database-url`.
+    pub database_url: Option<String>,
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object a line.
+    Json,
+}
+
+/// Where the secret key comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SecretKeySource {
+    /// The `PLINTH_SECRET_KEY` variable.
+    Env,
+    /// A file given in the config.
+    File(PathBuf),
+    /// `<data_dir>/secret.key`, created on first start (embedded SQLite only).
+    DataDir(PathBuf),
+}
+
+/// The validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Database URL.
+    pub database_url: String,
+    /// Which database.
+    pub dialect: Dialect,
+    /// Pool size.
+    pub max_connections: u32,
+    /// HTTP listen address.
+    pub http_listen: SocketAddr,
+    /// Largest request body.
+    pub max_body_bytes: usize,
+    /// Secret key source.
+    pub secret_key: SecretKeySource,
+    /// Log format.
+    pub log_format: LogFormat,
+    /// Log filter.
+    pub log_level: String,
+}
+
+impl RawConfig {
+    /// Parse TOML text; an unknown key or a wrong type names the key.
+    pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
+        let de = toml::Deserializer::new(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let key = e.path().to_string();
+            let inner = e.into_inner();
+            let msg = inner.message().to_string();
+            let line = inner
+                .span()
+                .map(|s| text[..s.start.min(text.len())].matches('\n').count() + 1);
+            let key = if key == "." || key.is_empty() {
+                "-".to_string()
+            } else {
+                key
+            };
+            let fix = if msg.contains("unknown field") {
+                "; remove it or fix its spelling (plinth.example.toml lists every key)"
+            } else {
+                ""
+            };
+            let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
+            ConfigError::new(&key, format!("{msg}{at}{fix}"))
+        })
+    }
+
+    /// Read and parse a file.
+    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("-", format!("cannot read {}: {e}", path.display())))?;
+        Self::parse(&text).map_err(|mut e| {
+            e.message = format!("{} in {}", e.message, path.display());
+            e
+        })
+    }
+
+    /// Apply overrides and validate.
+    pub fn validate(self, o: &Overrides) -> Result<Config, ConfigError> {
+        let data_dir = o
+            .data_dir
+            .clone()
+            .or(self.data_dir)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        if data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::new("data_dir", "must not be empty"));
+        }
+        let url = o
+            .database_url
+            .clone()
+            .or(self.database.url)
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("plinth.db").display()));
+        let dialect = Dialect::of_url(&url).ok_or_else(|| {
+            ConfigError::new(
+                "database.url",
+                format!(
+                    "`{}` is not a database URL Plinth speaks; use sqlite://PATH or postgres://USER@HOST:PORT/DB",
+                    redact_url(&url)
+                ),
+            )
+        })?;
+        let max_connections = self.database.max_connections.unwrap_or(8);
+        if !(1..=512).contains(&max_connections) {
+            return Err(ConfigError::new(
+                "database.max_connections",
+                "must be between 1 and 512",
+            ));
+        }
+        let listen = o
+            .http
+            .clone()
+            .or(self.http.listen)
+            .unwrap_or_else(|| DEFAULT_HTTP.to_string());
+        let http_listen = parse_addr(
+            if o.http.is_some() {
+                "--http"
+            } else {
+                "http.listen"
+            },
+            &listen,
+        )?;
+        let max_body = self.http.max_body_bytes.unwrap_or(32 * 1024 * 1024);
+        if !(1024..=1024 * 1024 * 1024).contains(&max_body) {
+            return Err(ConfigError::new(
+                "http.max_body_bytes",
+                "must be between 1024 and 1073741824 (1 GiB)",
+            ));
+        }
+        let secret_key = if std::env::var_os(SECRET_KEY_ENV).is_some() {
+            SecretKeySource::Env
+        } else if let Some(f) = self.secrets.key_file {
+            SecretKeySource::File(f)
+        } else if dialect == Dialect::Postgres {
+            return Err(ConfigError::new(
+                "secrets.key_file",
+                format!(
+                    "required with a PostgreSQL database so that every instance shares one key: \
+                     create one with `plinth secret-key > /etc/plinth/secret.key` and set secrets.key_file \
+                     (or set {SECRET_KEY_ENV})"
+                ),
+            ));
+        } else {
+            SecretKeySource::DataDir(data_dir.join("secret.key"))
+        };
+        let log_format = match self.log.format.as_deref() {
+            None | Some("text") => LogFormat::Text,
+            Some("json") => LogFormat::Json,
+            Some(other) => {
+                return Err(ConfigError::new(
+                    "log.format",
+                    format!("`{other}` is not `text` or `json`"),
+                ));
+            }
+        };
+        let log_level = self.log.level.unwrap_or_else(|| "info".into());
+        if tracing_subscriber::EnvFilter::try_new(&log_level).is_err() {
+            return Err(ConfigError::new(
+                "log.level",
+                format!(
+                    "`{log_level}` is not a log filter; use e.g. `info` or `plinth=debug,info`"
+                ),
+            ));
+        }
+        Ok(Config {
+            data_dir,
+            database_url: url,
+            dialect,
+            max_connections,
+            http_listen,
+            max_body_bytes: max_body as usize,
+            secret_key,
+            log_format,
+            log_level,
+        })
+    }
+}
+
+/// Parse `IP:PORT`, naming the key on failure.
+pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+    v.trim().parse::<SocketAddr>().map_err(|_| {
+        let hint = match v.rsplit_once(':') {
+            Some((_, port)) if port.parse::<u16>().is_err() => {
+                format!("`{port}` is not a port (0-65535)")
+            }
+            Some(_) => {
+                "the host part must be an IP address (0.0.0.0 for every interface)".to_string()
+            }
+            None => "the port is missing".to_string(),
+        };
+        ConfigError::new(
+            key,
+            format!("`{v}` is not IP:PORT: {hint}; e.g. 0.0.0.0:8080 or [::]:8080"),
+        )
+    })
+}
+
+impl Config {
+    /// Load from an optional file plus overrides.
+    pub fn load(file: Option<&Path>, o: &Overrides) -> Result<Config, ConfigError> {
+        let raw = match file {
+            Some(p) => RawConfig::load(p)?,
+            None => RawConfig::default(),
+        };
+        raw.validate(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_embedded_sqlite_on_8080() {
+        let c = RawConfig::default()
+            .validate(&Overrides::default())
+            .expect("valid");
+        assert_eq!(c.http_listen.port(), 8080);
+        assert_eq!(c.dialect, Dialect::Sqlite);
+        assert!(c.database_url.ends_with("plinth-data/plinth.db"));
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let e =
+            RawConfig::parse("[http]\nlisten = \"0.0.0.0:80\"\nlistne = 1\n").expect_err("unknown");
+        assert_eq!(e.key, "http.listne", "{e}");
+        assert!(e.message.contains("unknown field"), "{e}");
+        assert!(e.message.contains("line 3"), "{e}");
+    }
+
+    #[test]
+    fn bad_types_and_addresses_are_named() {
+        let e = RawConfig::parse("[database]\nmax_connections = \"many\"\n").expect_err("type");
+        assert_eq!(e.key, "database.max_connections");
+        let raw = RawConfig::parse("[http]\nlisten = \"0.0.0.0:80800\"\n").expect("parses");
+        let e = raw.validate(&Overrides::default()).expect_err("bad port");
+        assert_eq!(e.key, "http.listen");
+        assert!(e.message.contains("80800"), "{e}");
+        let e = RawConfig::default()
+            .validate(&Overrides {
+                http: Some("localhost:8080".into()),
+                ..Default::default()
+            })
+            .expect_err("hostname");
+        assert_eq!(e.key, "--http");
+        let e = RawConfig::default()
+            .validate(&Overrides {
+                database_url: Some("mysql://x".into()),
+                ..Default::default()
+            })
+            .expect_err("dialect");
+        assert_eq!(e.key, "database.url");
+    }
+
+    #[test]
+    fn postgres_needs_a_shared_key() {
+        if std::env::var_os(SECRET_KEY_ENV).is_some() {
+            return; // the environment supplies the key; the rule does not apply
+        }
+        let e = RawConfig::default()
+            .validate(&Overrides {
+                database_url: Some("postgres://u@h/db".into()),
+                ..Default::default()
+            })
+            .expect_err("needs key");
+        assert_eq!(e.key, "secrets.key_file");
+    }
+
+    #[test]
+    fn example_config_parses_and_validates() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("plinth.example.toml");
+        let raw = RawConfig::load(&path).expect("example parses");
+        let c = raw
+            .validate(&Overrides::default())
+            .expect("example validates");
+        assert_eq!(c.http_listen, "0.0.0.0:8080".parse().expect("addr"));
+    }
+}

@@ -1,0 +1,171 @@
+//! The one place where errors become HTTP answers. Internal error text is logged, never sent.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::domain::{FieldError, ValidationErrors};
+use crate::service::{Conflict, RowError, ServiceError, StoreError};
+
+/// An error answer: `{"error": {...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    body: ErrorBody,
+}
+
+/// The body of an error answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// Machine-readable code, e.g. `conflict`.
+    pub code: &'static str,
+    /// Human-readable message.
+    pub message: String,
+    /// Refused fields.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldError>,
+    /// Unique values held by other machines.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<Conflict>,
+    /// Bad rows of an import.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rows: Vec<RowError>,
+    /// Current version (on 412).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub current_version: Option<i64>,
+}
+
+/// Wrapper for the OpenAPI document.
+#[derive(Serialize, utoipa::ToSchema)]
+pub struct ErrorEnvelope {
+    /// The error.
+    pub error: ErrorBody,
+}
+
+impl ApiError {
+    /// An error with a status, a code and a message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            body: ErrorBody {
+                code,
+                message: message.into(),
+                fields: Vec::new(),
+                conflicts: Vec::new(),
+                rows: Vec::new(),
+                current_version: None,
+            },
+        }
+    }
+
+    /// 400 naming one field.
+    pub fn bad_field(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let fe = FieldError::new(field, message);
+        let mut e = Self::new(StatusCode::BAD_REQUEST, "bad_request", fe.to_string());
+        e.body.fields.push(fe);
+        e
+    }
+
+    /// 401.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send a valid token as `Authorization: Bearer <token>` (create one with `plinth token create`)",
+        )
+    }
+
+    /// 403.
+    pub fn forbidden(need: crate::service::ApiRole) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this needs a token with role {need} or higher"),
+        )
+    }
+
+    /// 500 for a fault; the detail goes to the log only.
+    pub fn internal(detail: &dyn std::fmt::Display) -> Self {
+        tracing::error!(error = %detail, "request failed");
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error; the server log has the detail",
+        )
+    }
+
+    /// The status.
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    fn invalid(status: StatusCode, code: &'static str, v: ValidationErrors) -> Self {
+        let mut e = Self::new(status, code, v.to_string());
+        e.body.fields = v.0;
+        e
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        match e {
+            ServiceError::Invalid(v) => {
+                Self::invalid(StatusCode::UNPROCESSABLE_ENTITY, "invalid", v)
+            }
+            ServiceError::NotFound(what) => Self::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("{what} not found"),
+            ),
+            ServiceError::Conflict(c) => {
+                let mut e = Self::new(
+                    StatusCode::CONFLICT,
+                    "conflict",
+                    ServiceError::Conflict(c.clone()).to_string(),
+                );
+                e.body.conflicts = c;
+                e
+            }
+            ServiceError::PreconditionFailed { expected, current } => {
+                let mut e = Self::new(
+                    StatusCode::PRECONDITION_FAILED,
+                    "stale_version",
+                    format!("you edited version {expected} but the machine is at version {current}: reload it and reapply your change"),
+                );
+                e.body.current_version = Some(current);
+                e
+            }
+            ServiceError::PreconditionRequired => Self::new(
+                StatusCode::PRECONDITION_REQUIRED,
+                "version_required",
+                ServiceError::PreconditionRequired.to_string(),
+            ),
+            ServiceError::ImportRejected(rows) => {
+                let mut e = Self::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "import_rejected",
+                    format!("{} problem(s) found; nothing was imported", rows.len()),
+                );
+                e.body.rows = rows;
+                e
+            }
+            ServiceError::Store(s) => Self::from(s),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound => Self::new(StatusCode::NOT_FOUND, "not_found", "not found"),
+            other => Self::internal(&other),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(serde_json::json!({ "error": self.body }))).into_response()
+    }
+}

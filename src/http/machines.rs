@@ -1,0 +1,352 @@
+//! `/api/v1/machines`: register, show, edit (`If-Match`), remove, list with filters and keyset
+//! pagination, look up by a unique value, bulk import; and `/api/v1/events`.
+
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ErrorEnvelope};
+use super::extract::{body_bytes, if_match, Caller, JsonBody};
+use super::AppState;
+use crate::domain::import::{self, ImportFormat};
+use crate::domain::{LifecycleState, Machine, MachineId, MachineSpec, Role, UniqueKey};
+use crate::service::{ApiRole, Event, EventFilter, MachineFilter, MachinePage};
+
+fn with_etag(status: StatusCode, m: &Machine) -> Response {
+    let mut resp = (status, Json(m)).into_response();
+    if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", m.version)) {
+        resp.headers_mut().insert(header::ETAG, v);
+    }
+    if status == StatusCode::CREATED {
+        if let Ok(v) = HeaderValue::from_str(&format!("/api/v1/machines/{}", m.id)) {
+            resp.headers_mut().insert(header::LOCATION, v);
+        }
+    }
+    resp
+}
+
+fn parse_opt<T: std::str::FromStr<Err = String>>(
+    field: &str,
+    v: &Option<String>,
+) -> Result<Option<T>, ApiError> {
+    v.as_deref()
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<T>().map_err(|e| ApiError::bad_field(field, e)))
+        .transpose()
+}
+
+/// Register a machine.
+#[utoipa::path(post, path = "/api/v1/machines", request_body = MachineSpec, tag = "machines",
+    responses((status = 201, body = Machine, description = "registered; ETag carries the version"),
+              (status = 400, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope, description = "a unique value belongs to another machine"),
+              (status = 422, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(s): State<AppState>,
+    caller: Caller,
+    JsonBody(spec): JsonBody<MachineSpec>,
+) -> Result<Response, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let m = s.inventory.create(spec, &caller.actor()).await?;
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), "machine registered");
+    Ok(with_etag(StatusCode::CREATED, &m))
+}
+
+/// One machine, by inventory id or host name.
+#[utoipa::path(get, path = "/api/v1/machines/{id}", tag = "machines",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = Machine), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn show(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let m = s.inventory.resolve(&id).await?;
+    Ok(with_etag(StatusCode::OK, &m))
+}
+
+/// Edit a machine with a JSON merge patch (RFC 7386). Send the version as `If-Match` (or as
+/// `version` in the body); a stale version gets 412 and changes nothing.
+#[utoipa::path(patch, path = "/api/v1/machines/{id}", tag = "machines", request_body(content = Object, description = "fields to change; null clears"),
+    params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = Option<String>, Header, description = "the machine's ETag")),
+    responses((status = 200, body = Machine), (status = 409, body = ErrorEnvelope), (status = 412, body = ErrorEnvelope, description = "stale version"),
+              (status = 428, body = ErrorEnvelope, description = "no version sent"), (status = 422, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn update(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(patch): JsonBody<serde_json::Value>,
+) -> Result<Response, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let version = if_match(&headers)?;
+    let current = s.inventory.resolve(&id).await?;
+    let m = s
+        .inventory
+        .update(current.id, version, patch, &caller.actor())
+        .await?;
+    tracing::info!(machine = %m.id, version = m.version, actor = %caller.actor(), "machine updated");
+    Ok(with_etag(StatusCode::OK, &m))
+}
+
+/// Remove a machine. Needs `If-Match`.
+#[utoipa::path(delete, path = "/api/v1/machines/{id}", tag = "machines",
+    params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = String, Header, description = "the machine's ETag")),
+    responses((status = 204, description = "removed"), (status = 404, body = ErrorEnvelope), (status = 412, body = ErrorEnvelope), (status = 428, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn remove(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let version = if_match(&headers)?;
+    let current = s.inventory.resolve(&id).await?;
+    s.inventory
+        .delete(current.id, version, &caller.actor())
+        .await?;
+    tracing::info!(machine = %current.id, actor = %caller.actor(), "machine removed");
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Filters of the machine list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListParams {
+    /// Lifecycle state.
+    pub state: Option<String>,
+    /// Site.
+    pub site: Option<String>,
+    /// Rack.
+    pub rack: Option<String>,
+    /// Cluster.
+    pub cluster: Option<String>,
+    /// Role: control-plane or worker.
+    pub role: Option<String>,
+    /// Free text: host name, serial, asset tag, manufacturer, model, site, rack, cluster, MAC or IP.
+    pub q: Option<String>,
+    /// Page size, 1-1000 (default 100).
+    pub limit: Option<u32>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// List machines.
+#[utoipa::path(get, path = "/api/v1/machines", tag = "machines", params(ListParams),
+    responses((status = 200, body = MachinePage), (status = 400, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<MachinePage>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    let limit = p.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_field("limit", "must be between 1 and 1000"));
+    }
+    let after = p
+        .cursor
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(|c| {
+            c.parse::<MachineId>()
+                .map_err(|_| ApiError::bad_field("cursor", "not a cursor from a previous page"))
+        })
+        .transpose()?;
+    let filter = MachineFilter {
+        state: parse_opt::<LifecycleState>("state", &p.state)?,
+        site: p.site,
+        rack: p.rack,
+        cluster: p.cluster,
+        role: parse_opt::<Role>("role", &p.role)?,
+        q: p.q,
+        limit,
+        after,
+    };
+    Ok(Json(s.inventory.list(&filter).await?))
+}
+
+/// Look-up keys: exactly one.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct LookupParams {
+    /// NIC MAC address.
+    pub mac: Option<String>,
+    /// Serial number.
+    pub serial: Option<String>,
+    /// Asset tag.
+    pub asset_tag: Option<String>,
+    /// SMBIOS UUID.
+    pub uuid: Option<String>,
+    /// Host name.
+    pub hostname: Option<String>,
+    /// Reserved IPv4 address.
+    pub ipv4: Option<String>,
+}
+
+/// Find one machine by MAC, serial, asset tag, SMBIOS UUID, host name or IPv4.
+#[utoipa::path(get, path = "/api/v1/machines/lookup", tag = "machines", params(LookupParams),
+    responses((status = 200, body = Machine), (status = 400, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn lookup(
+    State(s): State<AppState>,
+    caller: Caller,
+    params: Result<Query<LookupParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    let mut keys = Vec::new();
+    if let Some(v) = p.mac {
+        keys.push(UniqueKey::Mac(v.parse().map_err(
+            |e: crate::domain::mac::MacParseError| ApiError::bad_field("mac", e.to_string()),
+        )?));
+    }
+    if let Some(v) = p.serial {
+        keys.push(UniqueKey::Serial(v.trim().to_string()));
+    }
+    if let Some(v) = p.asset_tag {
+        keys.push(UniqueKey::AssetTag(v.trim().to_string()));
+    }
+    if let Some(v) = p.uuid {
+        keys.push(UniqueKey::SmbiosUuid(
+            v.trim()
+                .parse()
+                .map_err(|_| ApiError::bad_field("uuid", "not a UUID"))?,
+        ));
+    }
+    if let Some(v) = p.hostname {
+        keys.push(UniqueKey::Hostname(v.trim().to_ascii_lowercase()));
+    }
+    if let Some(v) = p.ipv4 {
+        keys.push(UniqueKey::Ipv4(v.trim().parse().map_err(|_| {
+            ApiError::bad_field("ipv4", "not an IPv4 address")
+        })?));
+    }
+    let [key] = keys.as_slice() else {
+        return Err(ApiError::bad_field(
+            "query",
+            "give exactly one of mac, serial, asset_tag, uuid, hostname, ipv4",
+        ));
+    };
+    let m = s.inventory.lookup(key).await?;
+    Ok(with_etag(StatusCode::OK, &m))
+}
+
+/// Import format selector.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ImportParams {
+    /// `csv` or `json`; default from Content-Type.
+    pub format: Option<String>,
+}
+
+/// Result of an import.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ImportResult {
+    /// Machines created.
+    pub imported: usize,
+    /// Their ids, in file order.
+    pub ids: Vec<MachineId>,
+}
+
+/// Import many machines from CSV (`text/csv`) or a JSON array (`application/json`) as one
+/// transaction: either every row is imported, or none and every bad row is listed with its line.
+#[utoipa::path(post, path = "/api/v1/machines/import", tag = "machines", params(ImportParams),
+    request_body(content = String, description = "CSV with a header row, or a JSON array of machines", content_type = "text/csv"),
+    responses((status = 200, body = ImportResult), (status = 413, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope, description = "bad rows; nothing imported")),
+    security(("bearer" = [])))]
+pub async fn import(
+    State(s): State<AppState>,
+    caller: Caller,
+    params: Result<Query<ImportParams>, axum::extract::rejection::QueryRejection>,
+    req: Request,
+) -> Result<Json<ImportResult>, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    let ct = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let format = match p.format.as_deref() {
+        Some("csv") => ImportFormat::Csv,
+        Some("json") => ImportFormat::Json,
+        Some(other) => {
+            return Err(ApiError::bad_field(
+                "format",
+                format!("`{other}` is not csv or json"),
+            ))
+        }
+        None if ct.starts_with("text/csv") => ImportFormat::Csv,
+        None if ct.starts_with("application/json") => ImportFormat::Json,
+        None => {
+            return Err(ApiError::bad_field(
+                "Content-Type",
+                "send text/csv or application/json, or say ?format=csv|json",
+            ))
+        }
+    };
+    let bytes = body_bytes(req, &s).await?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| ApiError::bad_field("body", format!("not UTF-8: {e}")))?;
+    let rows = import::parse(format, text)
+        .map_err(|e| ApiError::from(crate::service::ServiceError::ImportRejected(vec![e])))?;
+    let n = rows.len();
+    let ids = s.inventory.import(rows, &caller.actor()).await?;
+    tracing::info!(rows = n, actor = %caller.actor(), "import applied");
+    Ok(Json(ImportResult {
+        imported: ids.len(),
+        ids,
+    }))
+}
+
+/// Event filters.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct EventParams {
+    /// Machine id or host name.
+    pub machine: Option<String>,
+    /// Kind prefix, e.g. `machine.`.
+    pub kind: Option<String>,
+    /// Only events after this id (for following the log).
+    pub after: Option<i64>,
+    /// At most this many, 1-10000 (default 100): the newest, oldest first.
+    pub limit: Option<u32>,
+}
+
+/// Read the event log.
+#[utoipa::path(get, path = "/api/v1/events", tag = "events", params(EventParams),
+    responses((status = 200, body = Vec<Event>), (status = 400, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn events(
+    State(s): State<AppState>,
+    caller: Caller,
+    params: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Vec<Event>>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    let machine_id = match p.machine.as_deref() {
+        Some(m) => Some(s.inventory.resolve(m).await?.id),
+        None => None,
+    };
+    let limit = p.limit.unwrap_or(100);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::bad_field("limit", "must be between 1 and 10000"));
+    }
+    let filter = EventFilter {
+        machine_id,
+        kind_prefix: p.kind,
+        after_id: p.after,
+        limit,
+    };
+    Ok(Json(s.inventory.events(&filter).await?))
+}

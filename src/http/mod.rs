@@ -1,0 +1,79 @@
+//! The HTTP front door: the `/api/v1` inventory API, `/healthz`, `/metrics` and the OpenAPI
+//! document. Handlers decode the request, call the service, and encode the answer; they never touch
+//! SQL. Must not import `store` or any other front door.
+
+pub mod error;
+pub mod extract;
+mod machines;
+pub mod metrics;
+mod openapi;
+mod tokens;
+
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::{Json, Router};
+
+use crate::service::{Inventory, Tokens};
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    /// Inventory use cases.
+    pub inventory: Inventory,
+    /// Token use cases.
+    pub tokens: Tokens,
+    /// Request metrics.
+    pub metrics: Arc<metrics::Metrics>,
+    /// Body limit in bytes.
+    pub max_body_bytes: usize,
+}
+
+/// The whole HTTP application.
+pub fn router(state: AppState) -> Router {
+    let api = Router::new()
+        .route("/machines", get(machines::list).post(machines::create))
+        .route("/machines/lookup", get(machines::lookup))
+        .route("/machines/import", axum::routing::post(machines::import))
+        .route(
+            "/machines/{id}",
+            get(machines::show)
+                .patch(machines::update)
+                .delete(machines::remove),
+        )
+        .route("/events", get(machines::events))
+        .route("/tokens", get(tokens::list).post(tokens::create))
+        .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
+        .route("/openapi.json", get(openapi::document));
+    Router::new()
+        .nest("/api/v1", api)
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::export))
+        .fallback(|| async {
+            error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+        })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
+        .layer(DefaultBodyLimit::max(state.max_body_bytes))
+        .with_state(state)
+}
+
+/// Liveness and database reachability.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "serving"), (status = 503, description = "database unreachable")))]
+async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
+    match s.inventory.store().ping().await {
+        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))),
+        Err(e) => {
+            tracing::warn!(error = %e, "health check: database unreachable");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"status": "database unreachable"})),
+            )
+        }
+    }
+}

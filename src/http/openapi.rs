@@ -1,0 +1,46 @@
+//! The OpenAPI document, generated from the handlers' annotations and the types' derives.
+
+use axum::Json;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+use super::error::{ErrorBody, ErrorEnvelope};
+use super::{machines, tokens};
+use crate::domain::*;
+use crate::service::{ApiRole, Conflict, Event, MachinePage, MachineRef, RowError, TokenInfo};
+
+struct Bearer;
+
+impl Modify for Bearer {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let comps = doc.components.get_or_insert_with(Default::default);
+        comps.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The API description.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Plinth API", description = "Bare-metal provisioning for Talos Linux: inventory, events, tokens."),
+    paths(
+        super::healthz,
+        machines::create, machines::show, machines::update, machines::remove, machines::list,
+        machines::lookup, machines::import, machines::events,
+        tokens::create, tokens::list, tokens::revoke,
+    ),
+    components(schemas(
+        Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
+        MachineId, MachinePage, MachineRef, Conflict, RowError, FieldError, Event, ErrorBody, ErrorEnvelope,
+        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult,
+    )),
+    modifiers(&Bearer),
+)]
+pub struct ApiDoc;
+
+/// `GET /api/v1/openapi.json` (no token needed: it describes, it does not reveal).
+pub async fn document() -> Json<utoipa::openapi::OpenApi> {
+    Json(ApiDoc::openapi())
+}

@@ -1,0 +1,840 @@
+//! The inventory API over real HTTP, against SQLite and against PostgreSQL.
+
+mod support;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use support::{Backend, TestServer};
+
+fn machine(host: &str, mac: &str) -> Value {
+    json!({"hostname": host, "interfaces": [{"mac": mac}]})
+}
+
+async fn create(s: &TestServer, body: &Value) -> Value {
+    let r = s
+        .req(Method::POST, "/api/v1/machines", &s.operator)
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
+    r.json().await.expect("json")
+}
+
+async fn crud_with_versions_and_events(b: Backend) {
+    let s = TestServer::start(b).await;
+    let body = json!({
+        "hostname": "Node-1", "serial": "SN1", "asset_tag": "A-1", "smbios_uuid": "4c4c4544-0031-3510-8052-b4c04f4e3132",
+        "rack": "r1", "rack_unit": 12, "role": "control-plane", "cluster": "prod",
+        "interfaces": [{"mac": "52-54-00-AA-00-01", "ipv4": "10.0.0.11"}, {"mac": "52:54:00:aa:00:02"}],
+        "disks": [{"serial": "D1", "wwid": "eui.1", "model": "Samsung PM9A3", "size_bytes": 960197124096_u64, "type": "nvme", "bus_path": "/pci0000:00/0000:00:01.1"}],
+        "bmc": {"url": "https://10.1.0.11", "username": "root", "password": "calvin-secret", "tls": "insecure"}
+    });
+    let r = s
+        .req(Method::POST, "/api/v1/machines", &s.operator)
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    assert_eq!(r.headers()["etag"], "\"1\"");
+    let loc = r.headers()["location"].to_str().expect("loc").to_string();
+    let m: Value = r.json().await.expect("json");
+    assert_eq!(m["hostname"], "node-1");
+    assert_eq!(m["interfaces"][0]["mac"], "52:54:00:aa:00:01");
+    assert_eq!(
+        m["interfaces"][0]["boot"], false,
+        "two NICs: no boot NIC is guessed"
+    );
+    assert_eq!(m["disks"][0]["size_bytes"], 960197124096_u64);
+    assert_eq!(m["bmc"]["has_password"], true);
+    assert!(
+        !m.to_string().contains("calvin-secret"),
+        "password never returned"
+    );
+    assert_eq!(m["state"], "registered");
+    let id = m["id"].as_str().expect("id").to_string();
+    assert_eq!(loc, format!("/api/v1/machines/{id}"));
+
+    // Read by id and by host name.
+    for path in [
+        format!("/api/v1/machines/{id}"),
+        "/api/v1/machines/NODE-1".to_string(),
+    ] {
+        let r = s
+            .req(Method::GET, &path, &s.viewer)
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        assert_eq!(r.headers()["etag"], "\"1\"");
+    }
+
+    // Edit without a version: 428. With a stale one: 412. With the right one: 200, version 2.
+    let patch = json!({"rack": "r2", "bmc": {"username": "admin"}});
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .json(&patch)
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_REQUIRED);
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .header("If-Match", "\"7\"")
+        .json(&patch)
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["current_version"], 1);
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .header("If-Match", "\"1\"")
+        .json(&patch)
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["etag"], "\"2\"");
+    let m2: Value = r.json().await.expect("json");
+    assert_eq!(m2["rack"], "r2");
+    assert_eq!(m2["bmc"]["username"], "admin");
+    assert_eq!(
+        m2["bmc"]["has_password"], true,
+        "password kept when not resent"
+    );
+    assert_eq!(m2["interfaces"], m["interfaces"], "untouched fields stay");
+    // The same stale edit again (a second tech with the old version) loses nothing.
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .header("If-Match", "\"1\"")
+        .json(&json!({"rack": "r9"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    // Version in the body works too; read-only fields may come back unchanged but not changed.
+    let mut doc = m2.clone();
+    doc["rack_unit"] = json!(13);
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .json(&doc)
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .json(&json!({"version": 3, "state": "installed"}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["fields"][0]["field"], "state");
+
+    // Events: who, what, before/after; never the password.
+    let ev: Value = s
+        .req(
+            Method::GET,
+            &format!("/api/v1/events?machine={id}"),
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    let ev = ev.as_array().expect("array");
+    assert_eq!(ev.len(), 3);
+    assert_eq!(ev[0]["kind"], "machine.created");
+    assert_eq!(ev[0]["actor"], "token:test-operator");
+    assert_eq!(
+        ev[1]["detail"]["changes"]["rack"],
+        json!({"before": "r1", "after": "r2"})
+    );
+    assert_eq!(
+        ev[2]["detail"]["changes"]["rack_unit"],
+        json!({"before": 12, "after": 13})
+    );
+    assert!(!Value::Array(ev.clone())
+        .to_string()
+        .contains("calvin-secret"));
+
+    // Delete needs the version, then the machine is gone but its history stays.
+    let r = s
+        .req(
+            Method::DELETE,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_REQUIRED);
+    let r = s
+        .req(
+            Method::DELETE,
+            &format!("/api/v1/machines/{id}"),
+            &s.operator,
+        )
+        .header("If-Match", "\"3\"")
+        .send()
+        .await
+        .expect("del");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = s
+        .req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let ev: Value = s
+        .req(
+            Method::GET,
+            "/api/v1/events?kind=machine.deleted",
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(ev.as_array().expect("array").len(), 1);
+    // The MAC is free again.
+    create(&s, &machine("node-2", "52:54:00:aa:00:01")).await;
+    s.finish().await;
+}
+
+async fn conflicts_name_the_owner(b: Backend) {
+    let s = TestServer::start(b).await;
+    let first = create(&s, &json!({"hostname": "a", "serial": "S-A", "interfaces": [{"mac": "52:54:00:00:00:0a", "ipv4": "10.0.0.10"}]})).await;
+    for (body, field) in [
+        (machine("b", "52:54:00:00:00:0a"), "interfaces[0].mac"),
+        (json!({"hostname": "A"}), "hostname"),
+        (json!({"hostname": "c", "serial": "S-A"}), "serial"),
+        (
+            json!({"hostname": "d", "interfaces": [{"mac": "52:54:00:00:00:0d", "ipv4": "10.0.0.10"}]}),
+            "interfaces[0].ipv4",
+        ),
+    ] {
+        let r = s
+            .req(Method::POST, "/api/v1/machines", &s.operator)
+            .json(&body)
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(r.status(), StatusCode::CONFLICT, "{body}");
+        let e: Value = r.json().await.expect("json");
+        let c = &e["error"]["conflicts"][0];
+        assert_eq!(c["field"], field);
+        assert_eq!(c["owner"]["name"], "a");
+        assert_eq!(c["owner"]["id"], first["id"]);
+        assert!(e["error"]["message"]
+            .as_str()
+            .expect("msg")
+            .contains("already belongs to machine a"));
+    }
+    // Editing another machine onto a taken MAC conflicts too.
+    let b2 = create(&s, &machine("b", "52:54:00:00:00:0b")).await;
+    let r = s
+        .req(
+            Method::PATCH,
+            &format!("/api/v1/machines/{}", b2["id"].as_str().expect("id")),
+            &s.operator,
+        )
+        .header("If-Match", "1")
+        .json(&json!({"interfaces": [{"mac": "52:54:00:00:00:0a"}]}))
+        .send()
+        .await
+        .expect("patch");
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    s.finish().await;
+}
+
+async fn bad_input_names_the_field(b: Backend) {
+    let s = TestServer::start_with(b, "max_body_bytes = 4096").await;
+    let post = |body: String| {
+        s.req(Method::POST, "/api/v1/machines", &s.operator)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+    let r = post("{\"hostname\": \"x\",".into()).await.expect("send");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["code"], "malformed_json");
+    for (body, field) in [
+        (json!({"hostname": "x", "rack_unit": "twelve"}), "rack_unit"),
+        (
+            json!({"hostname": "x", "interfaces": [{"mac": "52:54:00:00:00:01"}, {"mac": "nope"}]}),
+            "interfaces[1].mac",
+        ),
+        (json!({"hostname": "x", "rakc": "r1"}), "rakc"),
+        (json!({"hostname": "x", "role": "master"}), "role"),
+        (
+            json!({"hostname": "x", "disks": [{"type": "tape"}]}),
+            "disks[0].type",
+        ),
+    ] {
+        let r = post(body.to_string()).await.expect("send");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{body}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
+    }
+    for (body, field) in [
+        (json!({"hostname": "bad_host"}), "hostname"),
+        (json!({"rack_unit": 99}), "rack_unit"),
+        (
+            json!({"bmc": {"url": "https://x", "username": "u", "tls": "pinned"}}),
+            "bmc.fingerprint",
+        ),
+        (
+            json!({"interfaces": [{"mac": "52:54:00:00:00:01", "ipv4": "255.255.255.255"}]}),
+            "interfaces[0].ipv4",
+        ),
+    ] {
+        let r = post(body.to_string()).await.expect("send");
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
+    }
+    let r = s
+        .req(Method::POST, "/api/v1/machines", &s.operator)
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let big = json!({"hostname": "x", "model": "m".repeat(10_000)}).to_string();
+    let r = post(big).await.expect("send");
+    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    let r = s
+        .req(Method::GET, "/api/v1/machines?limit=5000", &s.viewer)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    let r = s
+        .req(Method::GET, "/api/v1/machines?state=asleep", &s.viewer)
+        .send()
+        .await
+        .expect("send");
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["fields"][0]["field"], "state");
+    let r = s
+        .req(Method::PATCH, "/api/v1/machines/nothere", &s.operator)
+        .header("If-Match", "1")
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    // Nothing of the above was stored.
+    let page: Value = s
+        .req(Method::GET, "/api/v1/machines", &s.viewer)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(page["total"], 0);
+    s.finish().await;
+}
+
+async fn tokens_and_roles(b: Backend) {
+    let s = TestServer::start(b).await;
+    let r = s
+        .client
+        .get(s.url("/api/v1/machines"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = s
+        .req(Method::GET, "/api/v1/machines", "plinth_notatoken")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = s
+        .req(Method::POST, "/api/v1/machines", &s.viewer)
+        .json(&machine("v", "52:54:00:00:01:01"))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = s
+        .req(Method::GET, "/api/v1/tokens", &s.operator)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = s
+        .req(Method::POST, "/api/v1/tokens", &s.admin)
+        .json(&json!({"name": "ci-bot", "role": "viewer"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let minted: Value = r.json().await.expect("json");
+    let secret = minted["token"].as_str().expect("token").to_string();
+    let r = s
+        .req(Method::GET, "/api/v1/machines", &secret)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::OK);
+    let list: Value = s
+        .req(Method::GET, "/api/v1/tokens", &s.admin)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        !list.to_string().contains(&secret),
+        "secrets are never listed"
+    );
+    assert_eq!(list.as_array().expect("arr").len(), 4);
+    let id = minted["info"]["id"].as_str().expect("id");
+    let r = s
+        .req(Method::DELETE, &format!("/api/v1/tokens/{id}"), &s.admin)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    let r = s
+        .req(Method::GET, "/api/v1/machines", &secret)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "revoked");
+    let r = s
+        .req(Method::POST, "/api/v1/tokens", &s.admin)
+        .json(&json!({"name": "x", "role": "root"}))
+        .send()
+        .await
+        .expect("send");
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["fields"][0]["field"], "role");
+    s.finish().await;
+}
+
+async fn list_filters_and_pages(b: Backend) {
+    let s = TestServer::start(b).await;
+    let mut spec = Vec::new();
+    for i in 0..25 {
+        spec.push(json!({
+            "hostname": format!("n{i:02}"),
+            "rack": if i % 2 == 0 { "r-even" } else { "r-odd" },
+            "role": if i < 3 { "control-plane" } else { "worker" },
+            "cluster": "prod",
+            "serial": format!("SER{i:04}"),
+            "asset_tag": format!("AT{i}"),
+            "smbios_uuid": format!("00000000-0000-4000-8000-{i:012}"),
+            "interfaces": [{"mac": format!("52:54:00:10:00:{i:02x}")}],
+        }));
+    }
+    let r = s
+        .req(Method::POST, "/api/v1/machines/import", &s.operator)
+        .header("content-type", "application/json")
+        .body(Value::Array(spec).to_string())
+        .send()
+        .await
+        .expect("import");
+    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+
+    let mut seen = Vec::new();
+    let mut cursor = String::new();
+    for _ in 0..10 {
+        let page: Value = s
+            .req(
+                Method::GET,
+                &format!("/api/v1/machines?limit=10&cursor={cursor}"),
+                &s.viewer,
+            )
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(page["total"], 25);
+        for m in page["items"].as_array().expect("items") {
+            seen.push(m["hostname"].as_str().expect("host").to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = c.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(seen.len(), 25);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), 25, "no machine twice across pages");
+
+    for (q, n) in [
+        ("rack=r-even", 13),
+        ("role=control-plane", 3),
+        ("rack=r-odd&role=control-plane", 1),
+        ("q=SER001", 10),
+        ("q=52:54:00:10:00:1", 9),
+        ("q=n2", 5),
+        ("q=100%25", 0),
+        ("state=registered&cluster=prod", 25),
+        ("state=installed", 0),
+    ] {
+        let page: Value = s
+            .req(Method::GET, &format!("/api/v1/machines?{q}"), &s.viewer)
+            .send()
+            .await
+            .expect("list")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(page["total"], n, "{q}");
+    }
+    for q in [
+        "mac=52-54-00-10-00-05",
+        "serial=SER0005",
+        "asset_tag=AT5",
+        "uuid=00000000-0000-4000-8000-000000000005",
+        "hostname=N05",
+    ] {
+        let m: Value = s
+            .req(
+                Method::GET,
+                &format!("/api/v1/machines/lookup?{q}"),
+                &s.viewer,
+            )
+            .send()
+            .await
+            .expect("lookup")
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(m["hostname"], "n05", "{q}");
+    }
+    let r = s
+        .req(
+            Method::GET,
+            "/api/v1/machines/lookup?serial=nope",
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("lookup");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    let r = s
+        .req(
+            Method::GET,
+            "/api/v1/machines/lookup?serial=a&mac=52:54:00:00:00:01",
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("lookup");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    s.finish().await;
+}
+
+async fn csv_import_is_all_or_nothing(b: Backend) {
+    let s = TestServer::start(b).await;
+    create(
+        &s,
+        &json!({"hostname": "existing", "interfaces": [{"mac": "52:54:00:20:00:99"}]}),
+    )
+    .await;
+    let bad = "hostname,mac,ipv4,role,rack,rack_unit,bmc_url,bmc_username,bmc_password\n\
+               w1,52:54:00:20:00:01,10.1.0.1,worker,r1,1,https://10.2.0.1,root,pw1\n\
+               w2,52:54:00:20:00:02,10.1.0.2,worker,r1,2,,,\n\
+               w3,52:54:00:20:00:99,10.1.0.3,worker,r1,3,,,\n\
+               w4,52:54:00:20:00:04,10.1.0.2,worker,r1,4,,,\n\
+               w5,52:54:00:20:00:05,10.1.0.5,chief,r1,5,,,\n\
+               w_6,52:54:00:20:00:06,10.1.0.6,worker,r1,77,,,\n";
+    let r = s
+        .req(Method::POST, "/api/v1/machines/import", &s.operator)
+        .header("content-type", "text/csv")
+        .body(bad)
+        .send()
+        .await
+        .expect("import");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json().await.expect("json");
+    let rows: Vec<(u64, String)> = e["error"]["rows"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            (
+                r["line"].as_u64().expect("line"),
+                r["field"].as_str().expect("field").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![
+            (4, "mac".to_string()),
+            (5, "ipv4".to_string()),
+            (6, "role".to_string()),
+            (7, "hostname".to_string()),
+            (7, "rack_unit".to_string()),
+        ],
+        "{e}"
+    );
+    let page: Value = s
+        .req(Method::GET, "/api/v1/machines", &s.viewer)
+        .send()
+        .await
+        .expect("list")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(page["total"], 1, "nothing imported");
+
+    let good = "hostname,mac,ipv4,role,rack,rack_unit,bmc_url,bmc_username,bmc_password\n\
+                w1,52:54:00:20:00:01,10.1.0.1,worker,r1,1,https://10.2.0.1,root,pw1\n\
+                w2,52:54:00:20:00:02,10.1.0.2,worker,r1,2,,,\n";
+    let r = s
+        .req(Method::POST, "/api/v1/machines/import", &s.operator)
+        .header("content-type", "text/csv")
+        .body(good)
+        .send()
+        .await
+        .expect("import");
+    assert_eq!(r.status(), StatusCode::OK);
+    let res: Value = r.json().await.expect("json");
+    assert_eq!(res["imported"], 2);
+    let w1: Value = s
+        .req(Method::GET, "/api/v1/machines/w1", &s.viewer)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(w1["bmc"]["has_password"], true);
+    assert_eq!(w1["interfaces"][0]["boot"], true);
+    let r = s
+        .req(Method::POST, "/api/v1/machines/import", &s.operator)
+        .header("content-type", "text/csv")
+        .body("hostname,colour\nx,blue\n")
+        .send()
+        .await
+        .expect("import");
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["rows"][0]["field"], "colour");
+    s.finish().await;
+}
+
+async fn secrets_are_encrypted_at_rest(b: Backend) {
+    let s = TestServer::start(b).await;
+    let m = create(
+        &s,
+        &json!({"hostname": "s1", "bmc": {"url": "https://10.9.0.1", "username": "root", "password": "Sup3r-S3cret-BMC"}}),
+    )
+    .await;
+    // Raw column bytes hold no plaintext.
+    let raw: Vec<u8> = match b {
+        Backend::Sqlite => {
+            let mut c = <sqlx::SqliteConnection as sqlx::Connection>::connect(&s.db.url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar("SELECT password_ciphertext FROM bmcs")
+                .fetch_one(&mut c)
+                .await
+                .expect("row")
+        }
+        Backend::Postgres => {
+            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&s.db.url)
+                .await
+                .expect("connect");
+            sqlx::query_scalar("SELECT password_ciphertext FROM bmcs")
+                .fetch_one(&mut c)
+                .await
+                .expect("row")
+        }
+    };
+    assert!(raw.len() > 16);
+    assert!(!raw.windows(6).any(|w| w == b"Sup3r-"), "ciphertext only");
+    // The service decrypts it for the Redfish client.
+    let cfg = support::config(&s.db, "");
+    let _ = cfg;
+    let all = format!("{}", m);
+    assert!(!all.contains("Sup3r"));
+    let ev: Value = s
+        .req(Method::GET, "/api/v1/events", &s.admin)
+        .send()
+        .await
+        .expect("ev")
+        .json()
+        .await
+        .expect("json");
+    assert!(!ev.to_string().contains("Sup3r"));
+    // The events table is append-only.
+    let denied = match b {
+        Backend::Sqlite => {
+            let mut c = <sqlx::SqliteConnection as sqlx::Connection>::connect(&s.db.url)
+                .await
+                .expect("connect");
+            sqlx::query("UPDATE events SET actor = 'mallory'")
+                .execute(&mut c)
+                .await
+                .is_err()
+                && sqlx::query("DELETE FROM events")
+                    .execute(&mut c)
+                    .await
+                    .is_err()
+        }
+        Backend::Postgres => {
+            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&s.db.url)
+                .await
+                .expect("connect");
+            sqlx::query("UPDATE events SET actor = 'mallory'")
+                .execute(&mut c)
+                .await
+                .is_err()
+                && sqlx::query("DELETE FROM events")
+                    .execute(&mut c)
+                    .await
+                    .is_err()
+        }
+    };
+    assert!(denied, "events cannot be rewritten");
+    s.finish().await;
+}
+
+async fn concurrent_edits_one_wins(b: Backend) {
+    let s = TestServer::start(b).await;
+    let m = create(&s, &machine("race", "52:54:00:30:00:01")).await;
+    let id = m["id"].as_str().expect("id").to_string();
+    let mut handles = Vec::new();
+    for i in 0..8 {
+        let req = s
+            .req(
+                Method::PATCH,
+                &format!("/api/v1/machines/{id}"),
+                &s.operator,
+            )
+            .header("If-Match", "\"1\"")
+            .json(&json!({"rack": format!("r{i}")}));
+        handles.push(tokio::spawn(async move {
+            req.send().await.expect("send").status()
+        }));
+    }
+    let mut ok = 0;
+    for h in handles {
+        match h.await.expect("join") {
+            StatusCode::OK => ok += 1,
+            StatusCode::PRECONDITION_FAILED => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(ok, 1, "exactly one edit of version 1 wins");
+    let m: Value = s
+        .req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(m["version"], 2);
+    s.finish().await;
+}
+
+async fn health_metrics_openapi(b: Backend) {
+    let s = TestServer::start(b).await;
+    let r = s
+        .client
+        .get(s.url("/healthz"))
+        .send()
+        .await
+        .expect("health");
+    assert_eq!(r.status(), StatusCode::OK);
+    let _ = s
+        .req(Method::GET, "/api/v1/machines", &s.viewer)
+        .send()
+        .await
+        .expect("list");
+    let text = s
+        .client
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(text.contains("plinth_http_requests_total{method=\"GET\",route=\"/api/v1/machines\",status=\"200\"} 1"), "{text}");
+    let doc: Value = s
+        .client
+        .get(s.url("/api/v1/openapi.json"))
+        .send()
+        .await
+        .expect("doc")
+        .json()
+        .await
+        .expect("json");
+    assert!(doc["openapi"].as_str().expect("version").starts_with("3."));
+    for p in [
+        "/api/v1/machines",
+        "/api/v1/machines/{id}",
+        "/api/v1/machines/import",
+        "/api/v1/machines/lookup",
+        "/api/v1/events",
+        "/api/v1/tokens",
+    ] {
+        assert!(doc["paths"].get(p).is_some(), "{p} documented");
+    }
+    assert!(doc["components"]["schemas"]["MachineSpec"]["properties"]["interfaces"].is_object());
+    let r = s.client.get(s.url("/nope")).send().await.expect("404");
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    s.finish().await;
+}
+
+both_backends!(
+    crud_with_versions_and_events,
+    conflicts_name_the_owner,
+    bad_input_names_the_field,
+    tokens_and_roles,
+    list_filters_and_pages,
+    csv_import_is_all_or_nothing,
+    secrets_are_encrypted_at_rest,
+    concurrent_edits_one_wins,
+    health_metrics_openapi,
+);

@@ -1,0 +1,186 @@
+//! Test support: a Plinth server on port 0 over SQLite (a temp dir) or PostgreSQL (a fresh database
+//! per test on the server named by DATABASE_URL), with tokens of every role.
+#![allow(dead_code, missing_docs)]
+
+use std::path::PathBuf;
+
+use plinth::app::Running;
+use plinth::config::{Overrides, RawConfig};
+use plinth::service::{ApiRole, Tokens};
+use reqwest::Client;
+use uuid::Uuid;
+
+/// The PostgreSQL admin URL for tests: DATABASE_URL, or the local server of the dev machines.
+pub fn pg_admin_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+fn with_db(url: &str, db: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let cut = base
+        .rfind('/')
+        .filter(|i| *i > base.find("://").map_or(0, |s| s + 2))
+        .unwrap_or(base.len());
+    format!("{}/{db}{query}", &base[..cut])
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh, empty database for one test.
+pub struct TestDb {
+    pub url: String,
+    pub dir: tempfile::TempDir,
+    pg_name: Option<String>,
+}
+
+impl TestDb {
+    pub async fn new(backend: Backend) -> TestDb {
+        let dir = tempfile::tempdir().expect("tempdir");
+        match backend {
+            Backend::Sqlite => {
+                let url = format!("sqlite://{}", dir.path().join("plinth.db").display());
+                TestDb {
+                    url,
+                    dir,
+                    pg_name: None,
+                }
+            }
+            Backend::Postgres => {
+                let name = format!("plinth_t_{}", Uuid::new_v4().simple());
+                let admin = pg_admin_url();
+                let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&admin)
+                    .await
+                    .unwrap_or_else(|e| {
+                        panic!("PostgreSQL at DATABASE_URL ({admin}) is needed for this test: {e}")
+                    });
+                sqlx::query(&format!("CREATE DATABASE {name}"))
+                    .execute(&mut conn)
+                    .await
+                    .expect("create db");
+                TestDb {
+                    url: with_db(&admin, &name),
+                    dir,
+                    pg_name: Some(name),
+                }
+            }
+        }
+    }
+
+    /// Drop the PostgreSQL database (SQLite goes with the temp dir).
+    pub async fn drop_db(&self) {
+        if let Some(name) = &self.pg_name {
+            if let Ok(mut conn) =
+                <sqlx::PgConnection as sqlx::Connection>::connect(&pg_admin_url()).await
+            {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut conn)
+                    .await;
+            }
+        }
+    }
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub admin: String,
+    pub operator: String,
+    pub viewer: String,
+    pub db: TestDb,
+    pub client: Client,
+    pub data_dir: PathBuf,
+    running: Option<Running>,
+}
+
+pub fn config(db: &TestDb, extra_toml: &str) -> plinth::config::Config {
+    let toml = format!(
+        "data_dir = \"{}\"\n[http]\nlisten = \"127.0.0.1:0\"\n{extra_toml}\n[secrets]\nkey_file = \"{}\"\n",
+        db.dir.path().display(),
+        db.dir.path().join("test.key").display()
+    );
+    let _ = std::fs::write(
+        db.dir.path().join("test.key"),
+        plinth::service::SecretBox::generate_key_text(),
+    );
+    RawConfig::parse(&toml)
+        .expect("test config")
+        .validate(&Overrides {
+            database_url: Some(db.url.clone()),
+            ..Default::default()
+        })
+        .expect("valid test config")
+}
+
+impl TestServer {
+    pub async fn start(backend: Backend) -> TestServer {
+        Self::start_with(backend, "").await
+    }
+
+    /// `extra_toml` goes into the `[http]` table.
+    pub async fn start_with(backend: Backend, extra_toml: &str) -> TestServer {
+        let db = TestDb::new(backend).await;
+        let cfg = config(&db, extra_toml);
+        let running = plinth::app::spawn(&cfg).await.expect("server starts");
+        let store = plinth::app::open_store(&cfg, false).await.expect("store");
+        let tokens = Tokens::new(store);
+        let mut t = Vec::new();
+        for role in [ApiRole::Admin, ApiRole::Operator, ApiRole::Viewer] {
+            t.push(
+                tokens
+                    .create(&format!("test-{role}"), role, None, "test")
+                    .await
+                    .expect("token")
+                    .0,
+            );
+        }
+        TestServer {
+            base: format!("http://{}", running.http_addr),
+            admin: t[0].clone(),
+            operator: t[1].clone(),
+            viewer: t[2].clone(),
+            data_dir: cfg.data_dir.clone(),
+            db,
+            client: Client::new(),
+            running: Some(running),
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn req(&self, method: reqwest::Method, path: &str, token: &str) -> reqwest::RequestBuilder {
+        self.client
+            .request(method, self.url(path))
+            .bearer_auth(token)
+    }
+
+    pub async fn finish(mut self) {
+        if let Some(r) = self.running.take() {
+            r.stop().await.expect("clean shutdown");
+        }
+        self.db.drop_db().await;
+    }
+}
+
+/// Define one test per backend from an async fn taking a `Backend`.
+#[macro_export]
+macro_rules! both_backends {
+    ($($name:ident),+ $(,)?) => {
+        mod sqlite {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::support::Backend::Sqlite).await })+
+        }
+        mod postgres {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() { super::$name(super::support::Backend::Postgres).await })+
+        }
+    };
+}
