@@ -177,11 +177,12 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
     let mut rows = Vec::new();
     for rec in rdr.records() {
         let rec = rec.map_err(|e| RowError {
-            line: e.position().map_or(0, |p| p.line() as usize),
+            line: e.position().map_or(0, |p| line_of(text, p.byte())),
             field: "-".into(),
             message: format!("malformed CSV: {e}"),
         })?;
-        let line = rec.position().map_or(0, |p| p.line() as usize);
+        // From the byte offset: the csv crate's own line count skips blank lines.
+        let line = rec.position().map_or(0, |p| line_of(text, p.byte()));
         if rec.iter().all(str::is_empty) {
             continue;
         }
@@ -199,6 +200,17 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
         });
     }
     Ok(rows)
+}
+
+/// 1-based line of the record starting at a byte offset (blank lines before it are skipped, as the
+/// csv reader skips them).
+fn line_of(text: &str, byte: u64) -> usize {
+    let bytes = text.as_bytes();
+    let mut end = usize::try_from(byte).unwrap_or(usize::MAX).min(text.len());
+    while end < bytes.len() && matches!(bytes[end], b'\n' | b'\r') {
+        end += 1;
+    }
+    bytes[..end].iter().filter(|b| **b == b'\n').count() + 1
 }
 
 fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, ValidationErrors> {
