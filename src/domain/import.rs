@@ -175,14 +175,17 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
         }
     }
     let mut rows = Vec::new();
+    let mut lines = LineCounter::new(text);
     for rec in rdr.records() {
         let rec = rec.map_err(|e| RowError {
-            line: e.position().map_or(0, |p| line_of(text, p.byte())),
+            line: e
+                .position()
+                .map_or(0, |p| LineCounter::new(text).line_of(p.byte())),
             field: "-".into(),
             message: format!("malformed CSV: {e}"),
         })?;
         // From the byte offset: the csv crate's own line count skips blank lines.
-        let line = rec.position().map_or(0, |p| line_of(text, p.byte()));
+        let line = rec.position().map_or(0, |p| lines.line_of(p.byte()));
         if rec.iter().all(str::is_empty) {
             continue;
         }
@@ -202,15 +205,42 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
     Ok(rows)
 }
 
-/// 1-based line of the record starting at a byte offset (blank lines before it are skipped, as the
-/// csv reader skips them).
-fn line_of(text: &str, byte: u64) -> usize {
-    let bytes = text.as_bytes();
-    let mut end = usize::try_from(byte).unwrap_or(usize::MAX).min(text.len());
-    while end < bytes.len() && matches!(bytes[end], b'\n' | b'\r') {
-        end += 1;
+/// Line numbers of byte offsets, counted incrementally (offsets only grow while reading a file).
+struct LineCounter<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+    line: usize,
+}
+
+impl<'a> LineCounter<'a> {
+    fn new(text: &'a str) -> Self {
+        Self {
+            bytes: text.as_bytes(),
+            pos: 0,
+            line: 1,
+        }
     }
-    bytes[..end].iter().filter(|b| **b == b'\n').count() + 1
+
+    /// 1-based line of the record starting at `byte` (blank lines before it are skipped, as the
+    /// csv reader skips them).
+    fn line_of(&mut self, byte: u64) -> usize {
+        let mut end = usize::try_from(byte)
+            .unwrap_or(usize::MAX)
+            .min(self.bytes.len());
+        while end < self.bytes.len() && matches!(self.bytes[end], b'\n' | b'\r') {
+            end += 1;
+        }
+        if end < self.pos {
+            self.pos = 0;
+            self.line = 1;
+        }
+        self.line += self.bytes[self.pos..end]
+            .iter()
+            .filter(|b| **b == b'\n')
+            .count();
+        self.pos = end;
+        self.line
+    }
 }
 
 fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, ValidationErrors> {
