@@ -45,7 +45,7 @@ pub enum Command {
     /// Print a new random secret key (for secrets.key_file or PLINTH_SECRET_KEY).
     SecretKey,
     /// Register and manage machines through the API of a running server.
-    Machine(MachineArgs),
+    Machine(Box<MachineArgs>),
 }
 
 /// `plinth token ...`.
@@ -98,7 +98,7 @@ pub struct MachineArgs {
 #[derive(Debug, Subcommand)]
 pub enum MachineCommand {
     /// Register a machine.
-    Add(AddArgs),
+    Add(Box<AddArgs>),
     /// List machines.
     List {
         /// Lifecycle state.
@@ -629,7 +629,7 @@ fn emit(json_out: bool, v: &Value, human: impl FnOnce(&Value)) {
 }
 
 /// Run `plinth machine ...`.
-pub async fn machine(args: MachineArgs) -> anyhow::Result<()> {
+pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
     let api = ApiClient::new(&args.server, args.token.clone())?;
     use reqwest::Method;
     match args.command {

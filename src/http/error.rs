@@ -12,7 +12,7 @@ use crate::service::{Conflict, RowError, ServiceError, StoreError};
 #[derive(Debug)]
 pub struct ApiError {
     status: StatusCode,
-    body: ErrorBody,
+    body: Box<ErrorBody>,
 }
 
 /// The body of an error answer.
@@ -48,14 +48,14 @@ impl ApiError {
     pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         Self {
             status,
-            body: ErrorBody {
+            body: Box::new(ErrorBody {
                 code,
                 message: message.into(),
                 fields: Vec::new(),
                 conflicts: Vec::new(),
                 rows: Vec::new(),
                 current_version: None,
-            },
+            }),
         }
     }
 
