@@ -113,7 +113,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let state = AppState {
         inventory: Inventory::new(store.clone(), secrets),
         tokens: Tokens::new(store),
-        metrics: Arc::new(http::metrics::Metrics::new()),
+        metrics: Arc::new(crate::metrics::Metrics::new()),
         max_body_bytes: config.max_body_bytes,
     };
     let shutdown = CancellationToken::new();

@@ -6,7 +6,9 @@
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod dhcp;
 pub mod domain;
 pub mod http;
+pub mod metrics;
 pub mod service;
 pub mod store;

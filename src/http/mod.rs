@@ -27,7 +27,7 @@ pub struct AppState {
     /// Token use cases.
     pub tokens: Tokens,
     /// Request metrics.
-    pub metrics: Arc<metrics::Metrics>,
+    pub metrics: Arc<crate::metrics::Metrics>,
     /// Body limit in bytes.
     pub max_body_bytes: usize,
 }

@@ -4,12 +4,15 @@
 //! imports `domain` and nothing from `store`, `http` or any concrete database.
 
 pub mod auth;
+pub mod dhcp;
 pub mod inventory;
+pub mod leases;
 pub mod secrets;
 pub mod store;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
 pub use inventory::{ImportRow, Inventory, RowError};
+pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
 pub use store::*;
 

@@ -161,7 +161,7 @@ pub struct MachinePage {
 
 /// What the service needs from a database.
 #[async_trait]
-pub trait InventoryStore: Send + Sync + 'static {
+pub trait InventoryStore: super::leases::LeaseStore + Send + Sync + 'static {
     /// Is the database reachable?
     async fn ping(&self) -> Result<(), StoreError>;
 

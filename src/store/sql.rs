@@ -695,6 +695,165 @@ macro_rules! sql_store {
                 }
             }
 
+            fn lease_row(r: &<Db as sqlx::Database>::Row) -> Result<Lease, StoreError> {
+                let ip: i64 = r.try_get("ip").map_err(backend)?;
+                let mac: String = r.try_get("mac").map_err(backend)?;
+                let state: String = r.try_get("state").map_err(backend)?;
+                Ok(Lease {
+                    ip: std::net::Ipv4Addr::from(u32::try_from(ip).map_err(|_| StoreError::Backend(format!("lease ip {ip}")))?),
+                    subnet: r.try_get("subnet").map_err(backend)?,
+                    mac: mac.parse().map_err(|e: mac::MacParseError| StoreError::Backend(e.to_string()))?,
+                    state: LeaseState::parse(&state).ok_or_else(|| StoreError::Backend(format!("lease state {state}")))?,
+                    expires_ms: r.try_get("expires_ms").map_err(backend)?,
+                    hostname: r.try_get("hostname").map_err(backend)?,
+                    relay_circuit_id: r.try_get("relay_circuit_id").map_err(backend)?,
+                    relay_remote_id: r.try_get("relay_remote_id").map_err(backend)?,
+                    giaddr: r.try_get("giaddr").map_err(backend)?,
+                    updated_ms: r.try_get("updated_ms").map_err(backend)?,
+                })
+            }
+
+            const LEASE_COLS: &str = "ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, relay_remote_id, giaddr, updated_ms";
+
+            #[async_trait]
+            impl LeaseStore for $store {
+                async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
+                    let l = &claim.lease;
+                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let done = sqlx::query(
+                        "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, \
+                         relay_remote_id, giaddr, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+                         ON CONFLICT (ip) DO UPDATE SET subnet = excluded.subnet, mac = excluded.mac, \
+                         state = excluded.state, expires_ms = excluded.expires_ms, hostname = excluded.hostname, \
+                         relay_circuit_id = excluded.relay_circuit_id, relay_remote_id = excluded.relay_remote_id, \
+                         giaddr = excluded.giaddr, updated_ms = excluded.updated_ms \
+                         WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
+                            OR dhcp_leases.expires_ms < excluded.updated_ms \
+                            OR dhcp_leases.state IN ('released', 'expired')",
+                    )
+                    .bind(i64::from(u32::from(l.ip)))
+                    .bind(&l.subnet)
+                    .bind(l.mac.to_string())
+                    .bind(l.state.as_str())
+                    .bind(l.expires_ms)
+                    .bind(&l.hostname)
+                    .bind(&l.relay_circuit_id)
+                    .bind(&l.relay_remote_id)
+                    .bind(&l.giaddr)
+                    .bind(l.updated_ms)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                    if done.rows_affected() == 0 {
+                        tx.rollback().await.map_err(backend)?;
+                        return Ok(false);
+                    }
+                    sqlx::query(
+                        "UPDATE dhcp_leases SET state = 'expired', updated_ms = $1 \
+                         WHERE subnet = $2 AND mac = $3 AND ip <> $4 AND state IN ('offered', 'bound')",
+                    )
+                    .bind(l.updated_ms)
+                    .bind(&l.subnet)
+                    .bind(l.mac.to_string())
+                    .bind(i64::from(u32::from(l.ip)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                    tx.commit().await.map_err(backend)?;
+                    Ok(true)
+                }
+
+                async fn lease_by_ip(&self, ip: std::net::Ipv4Addr) -> Result<Option<Lease>, StoreError> {
+                    let row = sqlx::query(&format!("SELECT {LEASE_COLS} FROM dhcp_leases WHERE ip = $1"))
+                        .bind(i64::from(u32::from(ip)))
+                        .fetch_optional(&self.read)
+                        .await
+                        .map_err(backend)?;
+                    row.as_ref().map(lease_row).transpose()
+                }
+
+                async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
+                    let row = sqlx::query(&format!(
+                        "SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $1 AND mac = $2 \
+                         AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1"
+                    ))
+                    .bind(subnet)
+                    .bind(mac.to_string())
+                    .fetch_optional(&self.read)
+                    .await
+                    .map_err(backend)?;
+                    row.as_ref().map(lease_row).transpose()
+                }
+
+                async fn end_lease(
+                    &self,
+                    ip: std::net::Ipv4Addr,
+                    mac: MacAddr,
+                    state: LeaseState,
+                    expires_ms: i64,
+                    now_ms: i64,
+                ) -> Result<bool, StoreError> {
+                    let done = sqlx::query(
+                        "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 WHERE ip = $4 AND mac = $5",
+                    )
+                    .bind(state.as_str())
+                    .bind(expires_ms)
+                    .bind(now_ms)
+                    .bind(i64::from(u32::from(ip)))
+                    .bind(mac.to_string())
+                    .execute(&self.write)
+                    .await
+                    .map_err(backend)?;
+                    Ok(done.rows_affected() > 0)
+                }
+
+                async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<std::net::Ipv4Addr>, StoreError> {
+                    let rows: Vec<i64> = sqlx::query_scalar(
+                        "SELECT ip FROM dhcp_leases WHERE subnet = $1 AND expires_ms >= $2 \
+                         AND state IN ('offered', 'bound', 'declined')",
+                    )
+                    .bind(subnet)
+                    .bind(now_ms)
+                    .fetch_all(&self.read)
+                    .await
+                    .map_err(backend)?;
+                    Ok(rows.into_iter().filter_map(|i| u32::try_from(i).ok()).map(std::net::Ipv4Addr::from).collect())
+                }
+
+                async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
+                    let rows = sqlx::query(&format!(
+                        "SELECT {LEASE_COLS} FROM dhcp_leases WHERE mac = $1 ORDER BY updated_ms DESC"
+                    ))
+                    .bind(mac.to_string())
+                    .fetch_all(&self.read)
+                    .await
+                    .map_err(backend)?;
+                    rows.iter().map(lease_row).collect()
+                }
+
+                async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError> {
+                    let row = sqlx::query("SELECT machine_id, ipv4 FROM interfaces WHERE mac = $1")
+                        .bind(mac.to_string())
+                        .fetch_optional(&self.read)
+                        .await
+                        .map_err(backend)?;
+                    let Some(r) = row else { return Ok(None) };
+                    let id: Uuid = r.try_get("machine_id").map_err(backend)?;
+                    let ip: Option<String> = r.try_get("ipv4").map_err(backend)?;
+                    Ok(Some(Reservation { machine_id: MachineId(id), ipv4: ip.and_then(|s| s.parse().ok()) }))
+                }
+
+                async fn reserved_for_other(&self, ip: std::net::Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError> {
+                    let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM interfaces WHERE ipv4 = $1 AND mac <> $2")
+                        .bind(ip.to_string())
+                        .bind(mac.to_string())
+                        .fetch_one(&self.read)
+                        .await
+                        .map_err(backend)?;
+                    Ok(n > 0)
+                }
+            }
+
             fn token_row(r: &<Db as sqlx::Database>::Row) -> Result<TokenInfo, StoreError> {
                 let role: String = r.try_get("role").map_err(backend)?;
                 Ok(TokenInfo {

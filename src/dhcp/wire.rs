@@ -1,0 +1,296 @@
+//! DHCPv4 wire format (RFC 2131 section 2, options RFC 2132) through `dhcproto`: bytes to a checked
+//! `DhcpRequest`, and a `DhcpReply` to bytes. Every refusal is a named drop reason, never a panic.
+
+use std::net::Ipv4Addr;
+
+use dhcproto::v4::{self, DhcpOption, MessageType, Opcode, OptionCode};
+use dhcproto::{Decodable, Decoder, Encodable, Encoder};
+
+use crate::domain::dhcp::classify;
+use crate::domain::MacAddr;
+use crate::service::dhcp::{DhcpReply, DhcpRequest, ReplyKind, RequestKind};
+
+/// Largest hop count a relayed request may carry (RFC 1542 section 4.1.1 suggests 4 as a default
+/// limit; 16 is the maximum any relay may be configured with).
+const MAX_HOPS: u8 = 16;
+
+/// Smallest BOOTP/DHCP message: the fixed header (236 bytes) plus the magic cookie.
+const MIN_LEN: usize = 240;
+
+/// Decode and check a request. `Err` is the drop reason.
+pub fn decode(
+    buf: &[u8],
+    proxy_port: bool,
+    local_ips: &[Ipv4Addr],
+) -> Result<(v4::Message, DhcpRequest), &'static str> {
+    if buf.len() < MIN_LEN {
+        return Err("truncated");
+    }
+    // dhcproto asserts (in debug builds) that option 94 has length 3; check it ourselves first so a
+    // malformed option 94 is a drop, not a panic.
+    if !options_well_formed(&buf[MIN_LEN..]) {
+        return Err("bad_option_length");
+    }
+    let msg = v4::Message::decode(&mut Decoder::new(buf)).map_err(|_| "malformed")?;
+    if msg.opcode() != Opcode::BootRequest {
+        return Err("not_a_request");
+    }
+    if msg.htype() != v4::HType::Eth || msg.hlen() != 6 || msg.chaddr().len() < 6 {
+        return Err("not_ethernet");
+    }
+    if msg.hops() > MAX_HOPS {
+        return Err("too_many_hops");
+    }
+    let kind = match msg.opts().msg_type() {
+        None => return Err("bootp_unsupported"),
+        Some(MessageType::Discover) => RequestKind::Discover,
+        Some(MessageType::Request) => RequestKind::Request,
+        Some(MessageType::Decline) => RequestKind::Decline,
+        Some(MessageType::Release) => RequestKind::Release,
+        Some(MessageType::Inform) => RequestKind::Inform,
+        Some(_) => return Err("unexpected_message_type"),
+    };
+    let mut mac = [0u8; 6];
+    mac.copy_from_slice(&msg.chaddr()[..6]);
+    let opts = msg.opts();
+    let arch = match opts.get(OptionCode::ClientSystemArchitecture) {
+        Some(DhcpOption::ClientSystemArchitecture(a)) => Some(u16::from(*a)),
+        _ => None,
+    };
+    let vendor = match opts.get(OptionCode::ClassIdentifier) {
+        Some(DhcpOption::ClassIdentifier(v)) => Some(v.as_slice()),
+        _ => None,
+    };
+    let user = match opts.get(OptionCode::UserClass) {
+        Some(DhcpOption::UserClass(v)) => Some(v.as_slice()),
+        _ => None,
+    };
+    let client = classify(arch, vendor, user);
+    let requested_ip = match opts.get(OptionCode::RequestedIpAddress) {
+        Some(DhcpOption::RequestedIpAddress(ip)) => Some(*ip),
+        _ => None,
+    };
+    let server_id = match opts.get(OptionCode::ServerIdentifier) {
+        Some(DhcpOption::ServerIdentifier(ip)) => Some(*ip),
+        _ => None,
+    };
+    let hostname = match opts.get(OptionCode::Hostname) {
+        Some(DhcpOption::Hostname(h)) => {
+            Some(h.chars().filter(|c| !c.is_control()).take(255).collect())
+        }
+        _ => None,
+    };
+    let (mut circuit_id, mut remote_id) = (None, None);
+    if let Some(DhcpOption::RelayAgentInformation(info)) =
+        opts.get(OptionCode::RelayAgentInformation)
+    {
+        use dhcproto::v4::relay::{RelayCode, RelayInfo};
+        if let Some(RelayInfo::AgentCircuitId(c)) = info.get(RelayCode::AgentCircuitId) {
+            circuit_id = Some(c.clone());
+        }
+        if let Some(RelayInfo::AgentRemoteId(r)) = info.get(RelayCode::AgentRemoteId) {
+            remote_id = Some(r.clone());
+        }
+    }
+    let req = DhcpRequest {
+        kind,
+        mac: MacAddr(mac),
+        ciaddr: msg.ciaddr(),
+        giaddr: msg.giaddr(),
+        requested_ip,
+        server_id,
+        client,
+        hostname,
+        circuit_id,
+        remote_id,
+        proxy_port,
+        local_ips: local_ips.to_vec(),
+    };
+    Ok((msg, req))
+}
+
+/// Walk the options area: every option's length must fit, and the fixed-length options dhcproto
+/// reads without checking the length must have the length they should.
+fn options_well_formed(opts: &[u8]) -> bool {
+    let mut i = 0;
+    while i < opts.len() {
+        let code = opts[i];
+        match code {
+            0 => {
+                i += 1;
+                continue;
+            }
+            255 => return true,
+            _ => {}
+        }
+        let Some(&len) = opts.get(i + 1) else {
+            return false;
+        };
+        let len = usize::from(len);
+        if i + 2 + len > opts.len() {
+            return false;
+        }
+        let fixed = match code {
+            94 => Some(3),
+            93 => None, // a list of u16: even length checked below
+            53 | 52 => Some(1),
+            57 => Some(2),
+            51 | 58 | 59 => Some(4),
+            _ => None,
+        };
+        if fixed.is_some_and(|f| f != len) || (code == 93 && (len < 2 || len % 2 != 0)) {
+            return false;
+        }
+        i += 2 + len;
+    }
+    true
+}
+
+/// Encode the answer to `req` (the request message, whose xid, flags, giaddr, chaddr and option
+/// 82 are echoed).
+pub fn encode(req: &v4::Message, reply: &DhcpReply) -> Option<Vec<u8>> {
+    let mut m = v4::Message::default();
+    m.set_opcode(Opcode::BootReply)
+        .set_htype(v4::HType::Eth)
+        .set_xid(req.xid())
+        .set_flags(req.flags())
+        .set_giaddr(req.giaddr())
+        .set_chaddr(req.chaddr())
+        .set_yiaddr(reply.yiaddr);
+    if reply.kind != ReplyKind::Nak && !req.ciaddr().is_unspecified() {
+        m.set_ciaddr(req.ciaddr());
+    }
+    let o = m.opts_mut();
+    o.insert(DhcpOption::MessageType(match reply.kind {
+        ReplyKind::Offer => MessageType::Offer,
+        ReplyKind::Ack => MessageType::Ack,
+        ReplyKind::Nak => MessageType::Nak,
+    }));
+    o.insert(DhcpOption::ServerIdentifier(reply.server_ip));
+    if let Some(msg) = &reply.message {
+        o.insert(DhcpOption::Message(msg.clone())); // option 56
+    }
+    if let Some(s) = &reply.subnet {
+        if !reply.pxe_vendor {
+            o.insert(DhcpOption::SubnetMask(s.net.netmask())); // option 1
+            if !s.routers.is_empty() {
+                o.insert(DhcpOption::Router(s.routers.clone())); // option 3
+            }
+            if !s.dns.is_empty() {
+                o.insert(DhcpOption::DomainNameServer(s.dns.clone())); // option 6
+            }
+            if let Some(d) = &s.domain {
+                o.insert(DhcpOption::DomainName(d.clone())); // option 15
+            }
+            if !s.ntp.is_empty() {
+                o.insert(DhcpOption::NtpServers(s.ntp.clone())); // option 42
+            }
+        }
+    }
+    if let Some(secs) = reply.lease_seconds {
+        o.insert(DhcpOption::AddressLeaseTime(secs)); // option 51
+        o.insert(DhcpOption::Renewal(secs / 2)); // option 58, T1 = 0.5 (RFC 2131 section 4.4.5)
+        o.insert(DhcpOption::Rebinding(secs / 8 * 7)); // option 59, T2 = 0.875
+    }
+    if let Some(b) = &reply.boot {
+        if b.http_client {
+            o.insert(DhcpOption::ClassIdentifier(b"HTTPClient".to_vec())); // option 60 echo, UEFI HTTP boot
+        } else if reply.pxe_vendor {
+            o.insert(DhcpOption::ClassIdentifier(b"PXEClient".to_vec())); // option 60, PXE spec
+        }
+        o.insert(DhcpOption::BootfileName(b.file.clone().into_bytes())); // option 67
+        if !b.file.starts_with("http") {
+            o.insert(DhcpOption::TFTPServerName(
+                reply.server_ip.to_string().into_bytes(),
+            )); // option 66
+        }
+        if reply.no_pxedhcp {
+            // iPXE encapsulated options (175), sub-option 176 no-pxedhcp = 1.
+            o.insert(DhcpOption::Unknown(v4::UnknownOption::new(
+                OptionCode::from(175),
+                vec![176, 1, 1],
+            )));
+        }
+    }
+    if let Some(opt) = req.opts().get(OptionCode::RelayAgentInformation) {
+        o.insert(opt.clone()); // option 82 echoed (RFC 3046 section 2.2)
+    }
+    if let Some(b) = &reply.boot {
+        if b.file.len() < 128 {
+            m.set_fname_str(&b.file);
+        }
+        m.set_siaddr(reply.server_ip);
+    }
+    let mut out = Vec::with_capacity(576);
+    m.encode(&mut Encoder::new(&mut out)).ok()?;
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn discover(extra: &[DhcpOption]) -> Vec<u8> {
+        let mut m = v4::Message::new(
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            Ipv4Addr::UNSPECIFIED,
+            &[0x52, 0x54, 0, 1, 2, 3],
+        );
+        m.opts_mut()
+            .insert(DhcpOption::MessageType(MessageType::Discover));
+        for o in extra {
+            m.opts_mut().insert(o.clone());
+        }
+        let mut out = Vec::new();
+        m.encode(&mut Encoder::new(&mut out)).expect("encode");
+        out
+    }
+
+    #[test]
+    fn decodes_a_pxe_discover() {
+        let buf = discover(&[
+            DhcpOption::ClientSystemArchitecture(7.into()),
+            DhcpOption::ClassIdentifier(b"PXEClient:Arch:00007".to_vec()),
+        ]);
+        let (_, req) = decode(&buf, false, &[]).expect("decodes");
+        assert_eq!(req.kind, RequestKind::Discover);
+        assert_eq!(req.mac.to_string(), "52:54:00:01:02:03");
+        assert_eq!(
+            req.client,
+            crate::domain::dhcp::BootClient::UefiPxe(crate::domain::dhcp::Arch::Amd64)
+        );
+    }
+
+    #[test]
+    fn refuses_bad_input_without_panicking() {
+        let good = discover(&[]);
+        assert_eq!(decode(&good[..100], false, &[]).err(), Some("truncated"));
+        let mut no_type = good.clone();
+        // Replace option 53 with a pad: a BOOTP request.
+        let pos = no_type[240..].iter().position(|b| *b == 53).expect("53") + 240;
+        no_type[pos] = 0;
+        no_type[pos + 1] = 0;
+        no_type[pos + 2] = 0;
+        assert_eq!(
+            decode(&no_type, false, &[]).err(),
+            Some("bootp_unsupported")
+        );
+        let mut hops = good.clone();
+        hops[3] = 200;
+        assert_eq!(decode(&hops, false, &[]).err(), Some("too_many_hops"));
+        let mut bad94 = good[..good.len() - 1].to_vec();
+        bad94.extend_from_slice(&[94, 1, 1, 255]);
+        assert_eq!(decode(&bad94, false, &[]).err(), Some("bad_option_length"));
+        let mut overlong = good[..good.len() - 1].to_vec();
+        overlong.extend_from_slice(&[12, 200, b'x']);
+        assert_eq!(
+            decode(&overlong, false, &[]).err(),
+            Some("bad_option_length")
+        );
+        let mut reply = good.clone();
+        reply[0] = 2;
+        assert_eq!(decode(&reply, false, &[]).err(), Some("not_a_request"));
+    }
+}

@@ -1,0 +1,395 @@
+//! Network-boot facts of DHCP, with no sockets: who is asking (firmware class from options 93, 60
+//! and 77), what it should boot, address pools, and the subnet a request belongs to.
+//!
+//! Wire decoding lives in `crate::dhcp`; lease decisions in `crate::service::dhcp`.
+
+use std::fmt;
+use std::net::Ipv4Addr;
+use std::str::FromStr;
+
+use ipnet::Ipv4Net;
+use serde::{Deserialize, Serialize};
+
+/// CPU architecture of a booting client.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    /// x86-64 (iPXE says `i386` or `x86_64`).
+    Amd64,
+    /// AArch64.
+    Arm64,
+}
+
+/// What kind of firmware sent a request, decided from its own options.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootClient {
+    /// Legacy BIOS PXE ROM (option 93 = 0).
+    BiosPxe,
+    /// UEFI PXE (option 93 = 7 or 9 for x86-64, 11 for ARM64).
+    UefiPxe(Arch),
+    /// UEFI HTTP boot (option 93 = 16 x86-64, 19 ARM64; vendor class `HTTPClient`).
+    UefiHttp(Arch),
+    /// A client already running iPXE (option 77 `iPXE`).
+    Ipxe(Arch),
+    /// Anything else: an installed OS renewing its lease, a phone, a printer.
+    Plain,
+}
+
+impl fmt::Display for BootClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BootClient::BiosPxe => f.write_str("bios-pxe"),
+            BootClient::UefiPxe(a) => write!(f, "uefi-pxe-{a:?}"),
+            BootClient::UefiHttp(a) => write!(f, "uefi-http-{a:?}"),
+            BootClient::Ipxe(a) => write!(f, "ipxe-{a:?}"),
+            BootClient::Plain => f.write_str("plain"),
+        }
+    }
+}
+
+/// Classify a client from option 93 (RFC 4578 section 2.1, IANA processor architecture types),
+/// option 60 (vendor class: `PXEClient...` or `HTTPClient...`) and option 77 (user class `iPXE`).
+pub fn classify(
+    arch: Option<u16>,
+    vendor_class: Option<&[u8]>,
+    user_class: Option<&[u8]>,
+) -> BootClient {
+    let vendor = vendor_class.unwrap_or_default();
+    let pxe = vendor.starts_with(b"PXEClient");
+    let http = vendor.starts_with(b"HTTPClient");
+    let arch_of = |code: u16| match code {
+        11 | 19 => Arch::Arm64,
+        _ => Arch::Amd64,
+    };
+    // RFC 3004: user class is a list of (length, data); iPXE sends a bare "iPXE" as well.
+    let is_ipxe = user_class.is_some_and(|u| u == b"iPXE" || (u.len() > 1 && &u[1..] == b"iPXE"));
+    if is_ipxe {
+        return BootClient::Ipxe(arch.map_or(Arch::Amd64, arch_of));
+    }
+    match arch {
+        Some(16) => BootClient::UefiHttp(Arch::Amd64),
+        Some(19) => BootClient::UefiHttp(Arch::Arm64),
+        Some(_) if http => BootClient::UefiHttp(arch.map_or(Arch::Amd64, arch_of)),
+        Some(0) if pxe || vendor.is_empty() => BootClient::BiosPxe,
+        Some(6 | 7 | 9) => BootClient::UefiPxe(Arch::Amd64),
+        Some(11) => BootClient::UefiPxe(Arch::Arm64),
+        None if pxe => BootClient::BiosPxe,
+        _ => BootClient::Plain,
+    }
+}
+
+/// Where the boot files are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootFiles {
+    /// Base URL of Plinth's HTTP front door as clients reach it, e.g. `http://10.0.0.1:8080`.
+    pub http_base: String,
+}
+
+/// What a network-booting client is told to load.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BootAnswer {
+    /// Boot file name (option 67 and the `file` field): a TFTP path or an `http://` URL.
+    pub file: String,
+    /// Echo option 60 `HTTPClient` (UEFI HTTP boot needs it to accept the offer).
+    pub http_client: bool,
+}
+
+impl BootFiles {
+    /// The boot file for a client. `None` for clients that do not network-boot.
+    pub fn answer(&self, client: BootClient) -> Option<BootAnswer> {
+        let base = self.http_base.trim_end_matches('/');
+        let tftp = |f: &str| {
+            Some(BootAnswer {
+                file: f.to_string(),
+                http_client: false,
+            })
+        };
+        match client {
+            BootClient::BiosPxe => tftp("undionly.kpxe"),
+            BootClient::UefiPxe(Arch::Amd64) => tftp("ipxe.efi"),
+            BootClient::UefiPxe(Arch::Arm64) => tftp("ipxe-arm64.efi"),
+            BootClient::UefiHttp(a) => Some(BootAnswer {
+                file: format!(
+                    "{base}/ipxe/{}",
+                    if a == Arch::Arm64 {
+                        "ipxe-arm64.efi"
+                    } else {
+                        "ipxe.efi"
+                    }
+                ),
+                http_client: true,
+            }),
+            // Already iPXE: straight to the script, never back into iPXE (no chainloading loop).
+            BootClient::Ipxe(_) => Some(BootAnswer {
+                file: format!("{base}/boot.ipxe"),
+                http_client: false,
+            }),
+            BootClient::Plain => None,
+        }
+    }
+}
+
+/// How Plinth serves a subnet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubnetMode {
+    /// Plinth owns the addresses.
+    Authoritative,
+    /// Another server owns the addresses; Plinth only adds boot information (proxyDHCP).
+    Proxy,
+    /// Not served.
+    Off,
+}
+
+/// An inclusive address range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ipv4Range {
+    /// First address.
+    pub first: Ipv4Addr,
+    /// Last address.
+    pub last: Ipv4Addr,
+}
+
+impl Ipv4Range {
+    /// Does it contain `ip`?
+    pub fn contains(&self, ip: Ipv4Addr) -> bool {
+        self.first <= ip && ip <= self.last
+    }
+
+    /// Number of addresses.
+    pub fn len(&self) -> u64 {
+        u64::from(u32::from(self.last)) - u64::from(u32::from(self.first)) + 1
+    }
+
+    /// Never empty (first <= last is checked on parse).
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Addresses in order.
+    pub fn iter(&self) -> impl Iterator<Item = Ipv4Addr> {
+        (u32::from(self.first)..=u32::from(self.last)).map(Ipv4Addr::from)
+    }
+}
+
+impl FromStr for Ipv4Range {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (a, b) = s
+            .split_once('-')
+            .ok_or_else(|| format!("`{s}` is not a range FIRST-LAST"))?;
+        let first: Ipv4Addr = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{a}` is not an IPv4 address"))?;
+        let last: Ipv4Addr = b
+            .trim()
+            .parse()
+            .map_err(|_| format!("`{b}` is not an IPv4 address"))?;
+        if first > last {
+            return Err(format!("`{s}`: the first address is after the last"));
+        }
+        Ok(Ipv4Range { first, last })
+    }
+}
+
+/// A served subnet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subnet {
+    /// The network, e.g. 10.0.0.0/24.
+    pub net: Ipv4Net,
+    /// How it is served.
+    pub mode: SubnetMode,
+    /// Plinth's address on this subnet (option 54, `siaddr`, TFTP next-server).
+    pub server_ip: Ipv4Addr,
+    /// Dynamic pool (authoritative mode).
+    pub pool: Vec<Ipv4Range>,
+    /// Option 3.
+    pub routers: Vec<Ipv4Addr>,
+    /// Option 6.
+    pub dns: Vec<Ipv4Addr>,
+    /// Option 42.
+    pub ntp: Vec<Ipv4Addr>,
+    /// Option 15.
+    pub domain: Option<String>,
+    /// Option 51, seconds.
+    pub lease_seconds: u32,
+}
+
+impl Subnet {
+    /// The subnet's key in the lease table.
+    pub fn key(&self) -> String {
+        self.net.to_string()
+    }
+
+    /// Is `ip` a usable host address of this subnet (not network, not broadcast)?
+    pub fn is_host(&self, ip: Ipv4Addr) -> bool {
+        self.net.contains(&ip) && ip != self.net.network() && ip != self.net.broadcast()
+    }
+
+    /// Is `ip` in the dynamic pool?
+    pub fn in_pool(&self, ip: Ipv4Addr) -> bool {
+        self.pool.iter().any(|r| r.contains(ip))
+    }
+}
+
+/// The subnet a request belongs to (RFC 2131 section 4.3.1): the relay's `giaddr` when set, else
+/// the client's `ciaddr` when set, else the subnet of the interface it arrived on.
+pub fn select_subnet<'a>(
+    subnets: &'a [Subnet],
+    giaddr: Ipv4Addr,
+    ciaddr: Ipv4Addr,
+    local: &[Ipv4Addr],
+) -> Option<&'a Subnet> {
+    let by = |ip: Ipv4Addr| subnets.iter().find(|s| s.net.contains(&ip));
+    if !giaddr.is_unspecified() {
+        return by(giaddr);
+    }
+    if !ciaddr.is_unspecified() {
+        if let Some(s) = by(ciaddr) {
+            return Some(s);
+        }
+    }
+    local
+        .iter()
+        .find_map(|ip| {
+            subnets
+                .iter()
+                .find(|s| s.net.contains(ip) && s.server_ip == *ip)
+        })
+        .or_else(|| local.iter().find_map(|ip| by(*ip)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        let cases: &[(Option<u16>, &[u8], &[u8], BootClient)] = &[
+            (
+                Some(0),
+                b"PXEClient:Arch:00000:UNDI:002001",
+                b"",
+                BootClient::BiosPxe,
+            ),
+            (
+                Some(7),
+                b"PXEClient:Arch:00007:UNDI:003016",
+                b"",
+                BootClient::UefiPxe(Arch::Amd64),
+            ),
+            (
+                Some(9),
+                b"PXEClient:Arch:00009:UNDI:003016",
+                b"",
+                BootClient::UefiPxe(Arch::Amd64),
+            ),
+            (
+                Some(11),
+                b"PXEClient:Arch:00011:UNDI:003000",
+                b"",
+                BootClient::UefiPxe(Arch::Arm64),
+            ),
+            (
+                Some(16),
+                b"HTTPClient:Arch:00016:UNDI:003001",
+                b"",
+                BootClient::UefiHttp(Arch::Amd64),
+            ),
+            (
+                Some(19),
+                b"HTTPClient:Arch:00019:UNDI:003001",
+                b"",
+                BootClient::UefiHttp(Arch::Arm64),
+            ),
+            (
+                Some(0),
+                b"PXEClient:Arch:00000:UNDI:002001",
+                b"iPXE",
+                BootClient::Ipxe(Arch::Amd64),
+            ),
+            (
+                Some(7),
+                b"PXEClient",
+                b"\x04iPXE",
+                BootClient::Ipxe(Arch::Amd64),
+            ),
+            (
+                Some(11),
+                b"PXEClient",
+                b"iPXE",
+                BootClient::Ipxe(Arch::Arm64),
+            ),
+            (None, b"", b"", BootClient::Plain),
+            (None, b"udhcp 1.35.0", b"", BootClient::Plain),
+        ];
+        for (arch, vendor, user, want) in cases {
+            let got = classify(*arch, Some(vendor), (!user.is_empty()).then_some(*user));
+            assert_eq!(
+                got,
+                *want,
+                "{arch:?} {:?} {:?}",
+                String::from_utf8_lossy(vendor),
+                String::from_utf8_lossy(user)
+            );
+        }
+    }
+
+    #[test]
+    fn boot_files_per_client() {
+        let b = BootFiles {
+            http_base: "http://10.0.0.1:8080/".into(),
+        };
+        assert_eq!(
+            b.answer(BootClient::BiosPxe).map(|a| a.file),
+            Some("undionly.kpxe".into())
+        );
+        assert_eq!(
+            b.answer(BootClient::UefiPxe(Arch::Amd64)).map(|a| a.file),
+            Some("ipxe.efi".into())
+        );
+        let http = b.answer(BootClient::UefiHttp(Arch::Amd64)).expect("http");
+        assert_eq!(http.file, "http://10.0.0.1:8080/ipxe/ipxe.efi");
+        assert!(http.http_client);
+        assert_eq!(
+            b.answer(BootClient::Ipxe(Arch::Arm64)).map(|a| a.file),
+            Some("http://10.0.0.1:8080/boot.ipxe".into())
+        );
+        assert_eq!(b.answer(BootClient::Plain), None);
+    }
+
+    #[test]
+    fn ranges_and_subnets() {
+        let r: Ipv4Range = "10.0.0.10-10.0.0.12".parse().expect("range");
+        assert_eq!(r.iter().count(), 3);
+        assert!("10.0.0.12-10.0.0.10".parse::<Ipv4Range>().is_err());
+        let s = |net: &str, server: &str| Subnet {
+            net: net.parse().expect("net"),
+            mode: SubnetMode::Authoritative,
+            server_ip: server.parse().expect("ip"),
+            pool: vec![],
+            routers: vec![],
+            dns: vec![],
+            ntp: vec![],
+            domain: None,
+            lease_seconds: 3600,
+        };
+        let subnets = vec![s("10.0.0.0/24", "10.0.0.1"), s("10.0.1.0/24", "10.0.0.1")];
+        let z = Ipv4Addr::UNSPECIFIED;
+        let local = ["10.0.0.1".parse().expect("ip")];
+        assert_eq!(
+            select_subnet(&subnets, "10.0.1.1".parse().expect("ip"), z, &local).map(|s| s.key()),
+            Some("10.0.1.0/24".into())
+        );
+        assert_eq!(
+            select_subnet(&subnets, z, z, &local).map(|s| s.key()),
+            Some("10.0.0.0/24".into())
+        );
+        assert_eq!(
+            select_subnet(&subnets, "192.168.0.1".parse().expect("ip"), z, &local),
+            None
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! The `LeaseStore` trait: durable DHCP leases. One row per address; a claim is a conditional
+//! upsert that only succeeds when the address is free, expired, released, or already this MAC's,
+//! so the database (not a check in code) keeps one address from going to two MACs.
+
+use std::net::Ipv4Addr;
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::StoreError;
+use crate::domain::{MacAddr, MachineId};
+
+/// Where a lease is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LeaseState {
+    /// Offered, not yet requested.
+    Offered,
+    /// Acknowledged.
+    Bound,
+    /// Given back by the client.
+    Released,
+    /// The client found the address in use (quarantined until expiry).
+    Declined,
+    /// Ran out.
+    Expired,
+}
+
+impl LeaseState {
+    /// Database spelling.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LeaseState::Offered => "offered",
+            LeaseState::Bound => "bound",
+            LeaseState::Released => "released",
+            LeaseState::Declined => "declined",
+            LeaseState::Expired => "expired",
+        }
+    }
+
+    /// From the database spelling.
+    pub fn parse(s: &str) -> Option<LeaseState> {
+        Some(match s {
+            "offered" => LeaseState::Offered,
+            "bound" => LeaseState::Bound,
+            "released" => LeaseState::Released,
+            "declined" => LeaseState::Declined,
+            "expired" => LeaseState::Expired,
+            _ => return None,
+        })
+    }
+}
+
+/// A lease row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Lease {
+    /// The address.
+    #[schema(value_type = String)]
+    pub ip: Ipv4Addr,
+    /// Subnet key (CIDR).
+    pub subnet: String,
+    /// Client MAC.
+    pub mac: crate::domain::MacAddr,
+    /// State.
+    pub state: LeaseState,
+    /// Expiry, Unix ms.
+    pub expires_ms: i64,
+    /// Host name the client sent (option 12).
+    pub hostname: Option<String>,
+    /// Option 82 circuit id (hex), i.e. the switch port.
+    pub relay_circuit_id: Option<String>,
+    /// Option 82 remote id (hex), i.e. the switch.
+    pub relay_remote_id: Option<String>,
+    /// Relay address.
+    pub giaddr: Option<String>,
+    /// Last change, Unix ms.
+    pub updated_ms: i64,
+}
+
+/// A claim of an address for a MAC.
+#[derive(Clone, Debug)]
+pub struct LeaseClaim {
+    /// The row to write (its `updated_ms` is "now").
+    pub lease: Lease,
+}
+
+/// A machine's reservation as DHCP needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Reservation {
+    /// The machine.
+    pub machine_id: MachineId,
+    /// Its reserved address on this NIC, if any.
+    pub ipv4: Option<Ipv4Addr>,
+}
+
+/// Durable leases.
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
+    /// Claim `lease.ip` for `lease.mac`: succeeds (true) only when the address is free, expired,
+    /// released, or already held by this MAC (and not declined). On success the MAC's other live
+    /// leases in the subnet expire. One transaction, durable before it returns.
+    async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError>;
+
+    /// The lease row of an address.
+    async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError>;
+
+    /// The newest offered or bound lease of a MAC in a subnet (expired or not).
+    async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError>;
+
+    /// Set the state (and expiry) of `ip` if it is held by `mac`; false when it is not.
+    async fn end_lease(
+        &self,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+        state: LeaseState,
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StoreError>;
+
+    /// Addresses of a subnet's rows that are not reusable at `now_ms`.
+    async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<Ipv4Addr>, StoreError>;
+
+    /// Every lease of a MAC, newest first.
+    async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError>;
+
+    /// The inventory's reservation for a MAC.
+    async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError>;
+
+    /// Is `ip` reserved in the inventory for a MAC other than `mac`?
+    async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError>;
+}
