@@ -6,3 +6,4 @@
 pub mod domain;
 pub mod service;
 pub mod store;
+pub mod talos;
