@@ -128,10 +128,10 @@ pub fn render(input: &RenderInput<'_>) -> Result<Rendered, RenderError> {
     let facts = input.facts;
     let mut warnings = Vec::new();
     if let Some(h) = &facts.hostname {
-        set_hostname(&mut cfg, h)?;
+        set_hostname(&mut cfg, h, input.version)?;
     }
     if let Some(mac) = facts.boot_mac {
-        set_boot_nic(&mut cfg, mac)?;
+        set_boot_nic(&mut cfg, mac, input.version)?;
     }
     if let Some(plan) = &facts.install_disk {
         warnings.extend(plan.warnings.iter().cloned());
@@ -181,27 +181,118 @@ fn v1alpha1(cfg: &mut MachineConfig) -> Result<&mut Value, RenderError> {
     cfg.v1alpha1_mut().ok_or(RenderError::NoV1alpha1)
 }
 
-fn set_hostname(cfg: &mut MachineConfig, hostname: &str) -> Result<(), RenderError> {
-    // Talos 1.12+ may carry the hostname in its own document; write it where the config has it.
-    let doc_id = cfg
-        .documents()
+/// Talos 1.12 moved network settings to their own documents and deprecated
+/// `machine.network`; 1.13 hides it from the schema.
+fn uses_network_documents(version: TalosVersion) -> bool {
+    version >= TalosVersion::new(1, 12, 0)
+}
+
+fn doc(api_version: &str, kind: &str, fields: &[(&str, Value)]) -> Value {
+    let mut m = Mapping::new();
+    m.insert("apiVersion".into(), api_version.into());
+    m.insert("kind".into(), kind.into());
+    for (k, v) in fields {
+        m.insert((*k).into(), v.clone());
+    }
+    Value::Mapping(m)
+}
+
+fn ids_of_kind(cfg: &MachineConfig, kind: &str) -> Vec<DocumentId> {
+    cfg.documents()
         .iter()
         .filter_map(DocumentId::of)
-        .find(|id| id.kind == "HostnameConfig");
-    if let Some(id) = doc_id {
+        .filter(|id| id.kind == kind)
+        .collect()
+}
+
+/// The hostname goes where the config already keeps it (a `HostnameConfig` document, or
+/// `machine.network.hostname`); otherwise into a new `HostnameConfig` from Talos 1.12 on, or
+/// `machine.network.hostname` before.
+fn set_hostname(
+    cfg: &mut MachineConfig,
+    hostname: &str,
+    version: TalosVersion,
+) -> Result<(), RenderError> {
+    let name = Value::String(hostname.to_string());
+    if let Some(id) = ids_of_kind(cfg, "HostnameConfig").into_iter().next() {
         if let Some(Value::Mapping(m)) = cfg.document_mut(&id) {
             m.remove("auto");
-            m.insert("hostname".into(), Value::String(hostname.to_string()));
+            m.insert("hostname".into(), name);
             return Ok(());
         }
     }
-    let net = mapping_at(v1alpha1(cfg)?, &["machine", "network"])?;
-    net.insert("hostname".into(), Value::String(hostname.to_string()));
+    let legacy = cfg
+        .v1alpha1()
+        .and_then(|d| d.get("machine"))
+        .and_then(|m| m.get("network"))
+        .and_then(|n| n.get("hostname"))
+        .is_some_and(|h| !h.is_null());
+    if uses_network_documents(version) && !legacy {
+        cfg.documents_mut()
+            .push(doc("v1alpha1", "HostnameConfig", &[("hostname", name)]));
+        return Ok(());
+    }
+    mapping_at(v1alpha1(cfg)?, &["machine", "network"])?.insert("hostname".into(), name);
     Ok(())
 }
 
-fn set_boot_nic(cfg: &mut MachineConfig, mac: MacAddr) -> Result<(), RenderError> {
+/// The boot NIC gets DHCP unless a layer configures it already. Configs that use the legacy
+/// `machine.network.interfaces` list (and all configs before Talos 1.12) get a list entry
+/// selecting the NIC by MAC; others get a `LinkAliasConfig` selecting it by permanent MAC and a
+/// `DHCPv4Config` for that alias.
+fn set_boot_nic(
+    cfg: &mut MachineConfig,
+    mac: MacAddr,
+    version: TalosVersion,
+) -> Result<(), RenderError> {
     let mac = mac.to_string().to_ascii_lowercase();
+    let legacy_list = cfg
+        .v1alpha1()
+        .and_then(|d| d.get("machine"))
+        .and_then(|m| m.get("network"))
+        .and_then(|n| n.get("interfaces"))
+        .and_then(Value::as_sequence)
+        .is_some_and(|l| !l.is_empty());
+    if uses_network_documents(version) && !legacy_list {
+        let aliased = cfg.documents().iter().any(|d| {
+            DocumentId::of(d).is_some_and(|id| id.kind == "LinkAliasConfig")
+                && d.get("selector")
+                    .and_then(|s| s.get("match"))
+                    .and_then(Value::as_str)
+                    .is_some_and(|m| m.to_ascii_lowercase().contains(&mac))
+        });
+        if aliased {
+            return Ok(());
+        }
+        let taken: Vec<String> = cfg
+            .documents()
+            .iter()
+            .filter_map(|d| d.get("name").and_then(Value::as_str).map(str::to_string))
+            .collect();
+        let alias = (0..)
+            .map(|i| format!("boot{i}"))
+            .find(|n| !taken.contains(n))
+            .unwrap_or_else(|| "boot".into());
+        let mut selector = Mapping::new();
+        selector.insert(
+            "match".into(),
+            Value::String(format!("mac(link.permanent_addr) == \"{mac}\"")),
+        );
+        cfg.documents_mut().push(doc(
+            "v1alpha1",
+            "LinkAliasConfig",
+            &[
+                ("name", Value::String(alias.clone())),
+                ("selector", Value::Mapping(selector)),
+            ],
+        ));
+        cfg.documents_mut().push(doc(
+            "v1alpha1",
+            "DHCPv4Config",
+            &[("name", Value::String(alias))],
+        ));
+        return Ok(());
+    }
     let net = mapping_at(v1alpha1(cfg)?, &["machine", "network"])?;
     let ifaces = net
         .entry("interfaces".into())
@@ -295,10 +386,8 @@ fn set_unattended_install(
         if facts.install_disk.is_none() && image.is_none() && legacy_image.is_none() {
             return Ok(());
         }
-        let mut m = Mapping::new();
-        m.insert("apiVersion".into(), "v1alpha1".into());
-        m.insert("kind".into(), "UnattendedInstallConfig".into());
-        cfg.documents_mut().push(Value::Mapping(m));
+        cfg.documents_mut()
+            .push(doc("v1alpha1", "UnattendedInstallConfig", &[]));
     }
     let doc = cfg.document_mut(&id).ok_or(RenderError::Fact {
         path: "(document UnattendedInstallConfig)".into(),
@@ -422,10 +511,34 @@ mod tests {
         })
         .expect("render");
         let docs = out.config.documents();
-        assert_eq!(docs.len(), 2);
         assert!(docs[0]["machine"].get("install").is_none());
+        let kinds: Vec<&str> = docs[1..]
+            .iter()
+            .filter_map(|d| d["kind"].as_str())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "HostnameConfig",
+                "LinkAliasConfig",
+                "DHCPv4Config",
+                "UnattendedInstallConfig"
+            ]
+        );
         assert_eq!(
             docs[1],
+            yaml("{apiVersion: v1alpha1, kind: HostnameConfig, hostname: node-01}")
+        );
+        assert_eq!(
+            docs[2],
+            yaml("{apiVersion: v1alpha1, kind: LinkAliasConfig, name: boot0, selector: {match: 'mac(link.permanent_addr) == \"52:54:00:aa:bb:cc\"'}}")
+        );
+        assert_eq!(
+            docs[3],
+            yaml("{apiVersion: v1alpha1, kind: DHCPv4Config, name: boot0}")
+        );
+        assert_eq!(
+            docs[4],
             yaml(&format!("apiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller: {{image: 'factory.talos.dev/metal-installer/{VANILLA_SCHEMATIC}:v1.14.0'}}\nprovisioning:\n  diskSelector: {{match: 'disk.serial == \"S3Z9NB0K\" && disk.transport != \"\" && !disk.readonly && !disk.cdrom'}}\n  wipe: false\n"))
         );
     }

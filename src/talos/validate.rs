@@ -30,6 +30,15 @@ pub enum RuleSource {
     Plinth,
 }
 
+/// Whether a finding stops the config from being served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// The config must not be served.
+    Error,
+    /// Talos accepts it, but the operator should know (e.g. a deprecated field).
+    Warning,
+}
+
 /// One problem in a config.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
@@ -41,6 +50,8 @@ pub struct Violation {
     pub message: String,
     /// Which rule set says so.
     pub source: RuleSource,
+    /// Error or warning.
+    pub severity: Severity,
 }
 
 impl fmt::Display for Violation {
@@ -49,10 +60,40 @@ impl fmt::Display for Violation {
     }
 }
 
-/// All problems of a config.
+/// The errors (and warnings) of an invalid config.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("invalid machine config: {}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-pub struct ValidationReport(pub Vec<Violation>);
+#[error("invalid machine config: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ValidationReport {
+    /// What stops the config from being served.
+    pub errors: Vec<Violation>,
+    /// What the operator should know besides.
+    pub warnings: Vec<Violation>,
+}
+
+/// v1alpha1 fields that Talos still accepts but whose JSON schema no longer lists them
+/// (deprecated, hidden from the docs), with what replaces them. Reported as warnings when the
+/// target schema calls them unexpected. Found by comparing the schemas of 1.11, 1.12 and 1.13
+/// and Talos' `docgen:nodoc` deprecated fields.
+pub const DEPRECATED_FIELDS: &[(&str, &str)] = &[
+    ("persist", "no replacement: configs are always persisted"),
+    ("machine.install.bootloader", "no replacement: it never had an effect"),
+    ("machine.install.extensions", "replaced by system extensions in an Image Factory schematic"),
+    ("machine.install.extraKernelArgs", "replaced by extra kernel arguments in an Image Factory schematic"),
+    ("machine.features.rbac", "no replacement: RBAC is always on"),
+    ("machine.features.stableHostname", "replaced by the HostnameConfig document"),
+    ("machine.features.apidCheckExtKeyUsage", "no replacement: always checked"),
+    ("cluster.apiServer.disablePodSecurityPolicy", "no replacement: PodSecurityPolicy is gone from Kubernetes"),
+    ("machine.network", "replaced by the multi-document network configuration (LinkConfig, HostnameConfig, ResolverConfig, ...)"),
+    ("machine.network.hostname", "replaced by the HostnameConfig document"),
+    ("machine.network.interfaces", "replaced by LinkConfig, LinkAliasConfig, DHCPv4Config, VLANConfig and BondConfig documents"),
+    ("machine.network.nameservers", "replaced by the ResolverConfig document"),
+    ("machine.network.searchDomains", "replaced by the ResolverConfig document"),
+    ("machine.network.disableSearchDomain", "replaced by the ResolverConfig document"),
+    ("machine.network.extraHostEntries", "replaced by StaticHostConfig documents"),
+    ("machine.registries", "replaced by RegistryMirrorConfig, RegistryAuthConfig and RegistryTLSConfig documents"),
+    ("machine.time", "replaced by the TimeSyncConfig document"),
+    ("machine.env", "replaced by the Environment document"),
+];
 
 /// Why validation could not run, or found problems.
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +260,7 @@ impl SchemaValidator {
                 path: path.to_string(),
                 message,
                 source: RuleSource::Schema,
+                severity: Severity::Error,
             };
             let Some(def) = self.kinds.get(&(id.api_version.clone(), id.kind.clone())) else {
                 out.push(v(
@@ -243,10 +285,43 @@ impl SchemaValidator {
             match self.validator(def) {
                 Ok(validator) => {
                     for e in validator.iter_errors(&json) {
-                        out.push(v(
-                            &pointer_to_path(e.instance_path().as_str()),
-                            e.to_string(),
-                        ));
+                        let path = pointer_to_path(e.instance_path().as_str());
+                        let unexpected = match e.kind() {
+                            jsonschema::error::ValidationErrorKind::AdditionalProperties {
+                                unexpected,
+                            } if id.is_v1alpha1() => unexpected.clone(),
+                            _ => {
+                                out.push(v(&path, e.to_string()));
+                                continue;
+                            }
+                        };
+                        for key in unexpected {
+                            let full = if path == "(document root)" {
+                                key.clone()
+                            } else {
+                                format!("{path}.{key}")
+                            };
+                            let rule_path = strip_indices(&full);
+                            match DEPRECATED_FIELDS.iter().find(|(p, _)| *p == rule_path) {
+                                Some((_, instead)) => out.push(Violation {
+                                    severity: Severity::Warning,
+                                    ..v(
+                                        &full,
+                                        format!(
+                                            "deprecated: Talos {} still accepts it but no longer documents it ({instead})",
+                                            self.version
+                                        ),
+                                    )
+                                }),
+                                None => out.push(v(
+                                    &full,
+                                    format!(
+                                        "unknown field `{key}` (not in the Talos {} schema)",
+                                        self.version
+                                    ),
+                                )),
+                            }
+                        }
                     }
                 }
                 Err(e) => out.push(v(
@@ -257,6 +332,24 @@ impl SchemaValidator {
         }
         out
     }
+}
+
+/// `machine.network.interfaces[0].mtu` -> `machine.network.interfaces[].mtu`.
+fn strip_indices(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut in_index = false;
+    for c in path.chars() {
+        match c {
+            '[' => {
+                in_index = true;
+                out.push_str("[]");
+            }
+            ']' => in_index = false,
+            c if !in_index => out.push(c),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// `/machine/network/interfaces/0/mtu` -> `machine.network.interfaces[0].mtu`.
@@ -279,14 +372,20 @@ fn pointer_to_path(p: &str) -> String {
     s
 }
 
-/// Check a config against the schema and Talos' own rules; `Err` lists every problem.
-pub fn validate(config: &MachineConfig, schema: &SchemaValidator) -> Result<(), ValidationReport> {
+/// Check a config against the schema and Talos' own rules. `Ok` carries the warnings; `Err`
+/// lists every error (and the warnings).
+pub fn validate(
+    config: &MachineConfig,
+    schema: &SchemaValidator,
+) -> Result<Vec<Violation>, ValidationReport> {
     let mut all = schema.check(config);
     all.extend(check_semantics(config, schema.version()));
-    if all.is_empty() {
-        Ok(())
+    let (errors, warnings): (Vec<Violation>, Vec<Violation>) =
+        all.into_iter().partition(|v| v.severity == Severity::Error);
+    if errors.is_empty() {
+        Ok(warnings)
     } else {
-        Err(ValidationReport(all))
+        Err(ValidationReport { errors, warnings })
     }
 }
 
@@ -295,7 +394,7 @@ pub fn validate_with_schema_file(
     config: &MachineConfig,
     schema_path: &Path,
     version: TalosVersion,
-) -> Result<(), ValidateError> {
+) -> Result<Vec<Violation>, ValidateError> {
     let schema = SchemaValidator::load(schema_path, version)?;
     validate(config, &schema).map_err(ValidateError::Invalid)
 }
@@ -332,6 +431,7 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
             path: "(document root)".into(),
             message: "the config has no v1alpha1 document (machine and cluster sections)".into(),
             source: RuleSource::Talos,
+            severity: Severity::Error,
         });
         return out;
     };
@@ -341,6 +441,7 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
             path: path.to_string(),
             message,
             source,
+            severity: Severity::Error,
         })
     };
     if at(doc, &["machine"]).is_none() {
