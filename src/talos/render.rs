@@ -218,6 +218,7 @@ fn set_hostname(
         if let Some(Value::Mapping(m)) = cfg.document_mut(&id) {
             m.remove("auto");
             m.insert("hostname".into(), name);
+            drop_stable_hostname(cfg);
             return Ok(());
         }
     }
@@ -230,10 +231,23 @@ fn set_hostname(
     if uses_network_documents(version) && !legacy {
         cfg.documents_mut()
             .push(doc("v1alpha1", "HostnameConfig", &[("hostname", name)]));
+        drop_stable_hostname(cfg);
         return Ok(());
     }
     mapping_at(v1alpha1(cfg)?, &["machine", "network"])?.insert("hostname".into(), name);
     Ok(())
+}
+
+/// Talos refuses a `HostnameConfig` next to `machine.features.stableHostname: true` ("stable
+/// hostname is already set in v1alpha1 config"); a static hostname supersedes it anyway.
+fn drop_stable_hostname(cfg: &mut MachineConfig) {
+    if let Some(Value::Mapping(f)) = cfg
+        .v1alpha1_mut()
+        .and_then(|d| d.get_mut("machine"))
+        .and_then(|m| m.get_mut("features"))
+    {
+        f.remove("stableHostname");
+    }
 }
 
 /// The boot NIC gets DHCP unless a layer configures it already. Configs that use the legacy
@@ -575,6 +589,36 @@ mod tests {
             e.to_string().starts_with("patch layer `rack:r1`, patch 0:"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_static_hostname_document_replaces_stable_hostname() {
+        let base = MachineConfig::parse(&BASE.replace(
+            "  network: {}\n",
+            "  network: {}\n  features: {stableHostname: true, rbac: true}\n",
+        ))
+        .expect("base");
+        let v = TalosVersion::new(1, 12, 0);
+        let f = MachineFacts {
+            hostname: Some("node-01".into()),
+            ..Default::default()
+        };
+        let out = render(&RenderInput {
+            version: v,
+            base: &base,
+            layers: &[],
+            facts: &f,
+        })
+        .expect("render");
+        let docs = out.config.documents();
+        assert_eq!(docs[0]["machine"]["features"], yaml("{rbac: true}"));
+        assert_eq!(
+            docs[1],
+            yaml("{apiVersion: v1alpha1, kind: HostnameConfig, hostname: node-01}")
+        );
+        assert!(crate::talos::validate::check_semantics(&out.config, v)
+            .iter()
+            .all(|v| !v.path.contains("ostname")));
     }
 
     #[test]

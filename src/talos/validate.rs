@@ -566,8 +566,38 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
         }
     }
 
+    check_hostname_documents(config, doc, &mut push);
     check_install(config, doc, version, &mut push);
     out
+}
+
+/// A `HostnameConfig` document conflicts with a hostname or stable hostname set in v1alpha1.
+fn check_hostname_documents(
+    config: &MachineConfig,
+    doc: &Value,
+    push: &mut impl FnMut(&str, String, RuleSource),
+) {
+    let has_doc = config
+        .documents()
+        .iter()
+        .any(|d| DocumentId::of(d).is_some_and(|id| id.kind == "HostnameConfig"));
+    if !has_doc {
+        return;
+    }
+    if non_empty(doc, &["machine", "network", "hostname"]) {
+        push(
+            "machine.network.hostname",
+            "static hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
+            RuleSource::Talos,
+        );
+    }
+    if at(doc, &["machine", "features", "stableHostname"]).and_then(Value::as_bool) == Some(true) {
+        push(
+            "machine.features.stableHostname",
+            "stable hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
+            RuleSource::Talos,
+        );
+    }
 }
 
 fn check_worker_vips(
@@ -672,9 +702,9 @@ fn check_install(
         if install.is_some() {
             push(
                 "machine.install",
-                "machine.install and the UnattendedInstallConfig document must not both be given"
+                "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)"
                     .into(),
-                RuleSource::Plinth,
+                RuleSource::Talos,
             );
         }
         return;
@@ -784,6 +814,8 @@ mod tests {
             ("machine: {install: {diskSelector: {size: 'lots'}}}", "machine.install.diskSelector.size"),
             ("machine: {install: {diskSelector: {name: sda}}}", "machine.install.diskSelector.name"),
             ("machine: {install: {diskSelector: {type: floppy}}}", "machine.install.diskSelector.type"),
+            ("machine: {network: {hostname: a}}\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: b\n", "machine.network.hostname"),
+            ("machine: {features: {stableHostname: true}}\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n", "machine.features.stableHostname"),
         ];
         for (edit, want) in cases {
             let p = crate::talos::patch::load_patch(edit).expect("patch");
