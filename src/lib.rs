@@ -12,3 +12,4 @@ pub mod http;
 pub mod metrics;
 pub mod service;
 pub mod store;
+pub mod talos;

@@ -1,0 +1,894 @@
+//! Validation of a rendered machine config before it is ever served: against the JSON schema of
+//! its target Talos release ([`SchemaValidator`], loaded from a schema file whose path the caller
+//! configures), and against the rules Talos applies itself ([`check_semantics`]): a valid
+//! `machine.type`, CA private keys only on control planes, an https control-plane endpoint, VIPs
+//! only on control planes, an install disk or disk selector.
+//!
+//! Every [`Violation`] names its document and YAML path. Each document is checked against the
+//! schema definition of its own kind (found by `apiVersion`/`kind`), so errors point at the
+//! offending key instead of a top-level "matches none of oneOf". This module reads only the schema
+//! file it is given and imports nothing outside `crate::talos`.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde_yaml_ng::Value;
+
+use super::disk::SizeBound;
+use super::{kind_name, DocumentId, MachineConfig, TalosVersion};
+
+/// Where a rule comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuleSource {
+    /// The Talos JSON schema of the target release.
+    Schema,
+    /// A check Talos itself performs when it loads the config.
+    Talos,
+    /// A stricter check of Plinth's (a worker never needs the key it forbids).
+    Plinth,
+}
+
+/// Whether a finding stops the config from being served.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Severity {
+    /// The config must not be served.
+    Error,
+    /// Talos accepts it, but the operator should know (e.g. a deprecated field).
+    Warning,
+}
+
+/// One problem in a config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The document (`v1alpha1`, or `apiVersion/kind name`).
+    pub document: String,
+    /// YAML path in the document, e.g. `machine.install.diskSelector.size`.
+    pub path: String,
+    /// What is wrong and, where it helps, how to fix it.
+    pub message: String,
+    /// Which rule set says so.
+    pub source: RuleSource,
+    /// Error or warning.
+    pub severity: Severity,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}: {}", self.document, self.path, self.message)
+    }
+}
+
+/// The errors (and warnings) of an invalid config.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid machine config: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ValidationReport {
+    /// What stops the config from being served.
+    pub errors: Vec<Violation>,
+    /// What the operator should know besides.
+    pub warnings: Vec<Violation>,
+}
+
+/// v1alpha1 fields that Talos still accepts but whose JSON schema no longer lists them
+/// (deprecated, hidden from the docs), with what replaces them. Reported as warnings when the
+/// target schema calls them unexpected. Found by comparing the schemas of 1.11, 1.12 and 1.13
+/// and Talos' `docgen:nodoc` deprecated fields.
+pub const DEPRECATED_FIELDS: &[(&str, &str)] = &[
+    ("persist", "no replacement: configs are always persisted"),
+    ("machine.install.bootloader", "no replacement: it never had an effect"),
+    ("machine.install.extensions", "replaced by system extensions in an Image Factory schematic"),
+    ("machine.install.extraKernelArgs", "replaced by extra kernel arguments in an Image Factory schematic"),
+    ("machine.features.rbac", "no replacement: RBAC is always on"),
+    ("machine.features.stableHostname", "replaced by the HostnameConfig document"),
+    ("machine.features.apidCheckExtKeyUsage", "no replacement: always checked"),
+    ("cluster.apiServer.disablePodSecurityPolicy", "no replacement: PodSecurityPolicy is gone from Kubernetes"),
+    ("machine.network", "replaced by the multi-document network configuration (LinkConfig, HostnameConfig, ResolverConfig, ...)"),
+    ("machine.network.hostname", "replaced by the HostnameConfig document"),
+    ("machine.network.interfaces", "replaced by LinkConfig, LinkAliasConfig, DHCPv4Config, VLANConfig and BondConfig documents"),
+    ("machine.network.nameservers", "replaced by the ResolverConfig document"),
+    ("machine.network.searchDomains", "replaced by the ResolverConfig document"),
+    ("machine.network.disableSearchDomain", "replaced by the ResolverConfig document"),
+    ("machine.network.extraHostEntries", "replaced by StaticHostConfig documents"),
+    ("machine.registries", "replaced by RegistryMirrorConfig, RegistryAuthConfig and RegistryTLSConfig documents"),
+    ("machine.time", "replaced by the TimeSyncConfig document"),
+    ("machine.env", "replaced by the Environment document"),
+];
+
+/// Why validation could not run, or found problems.
+#[derive(Debug, thiserror::Error)]
+pub enum ValidateError {
+    /// The schema file could not be read.
+    #[error("cannot read Talos schema {path}: {source}")]
+    ReadSchema {
+        /// The file.
+        path: PathBuf,
+        /// I/O error.
+        source: std::io::Error,
+    },
+    /// The schema file is not JSON.
+    #[error("Talos schema {path} is not JSON: {source}")]
+    SchemaJson {
+        /// The file.
+        path: PathBuf,
+        /// Parser error.
+        source: serde_json::Error,
+    },
+    /// The schema is for another Talos release.
+    #[error("Talos schema {path} has $id `{id}`, which is not the schema of Talos {version}; configure the schema file of the cluster's Talos version")]
+    WrongVersion {
+        /// The file.
+        path: PathBuf,
+        /// Its `$id`.
+        id: String,
+        /// The release asked for.
+        version: TalosVersion,
+    },
+    /// The config has problems.
+    #[error(transparent)]
+    Invalid(#[from] ValidationReport),
+}
+
+/// The JSON schema of one Talos release, ready to check configs.
+pub struct SchemaValidator {
+    version: TalosVersion,
+    schema: serde_json::Value,
+    /// (apiVersion, kind) -> `$defs` name; the v1alpha1 document is ("", "v1alpha1").
+    kinds: HashMap<(String, String), String>,
+    compiled: HashMap<String, OnceLock<Result<jsonschema::Validator, String>>>,
+}
+
+impl fmt::Debug for SchemaValidator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SchemaValidator")
+            .field("version", &self.version)
+            .field("kinds", &self.kinds.len())
+            .finish()
+    }
+}
+
+impl SchemaValidator {
+    /// Load `config.schema.json` of Talos `version` from `path`. The schema's `$id` must name the
+    /// same major.minor release.
+    pub fn load(path: &Path, version: TalosVersion) -> Result<Self, ValidateError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ValidateError::ReadSchema {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let schema: serde_json::Value =
+            serde_json::from_str(&text).map_err(|source| ValidateError::SchemaJson {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let id = schema
+            .get("$id")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let want = format!("/v{}.{}/", version.major, version.minor);
+        if !id.contains(&want) {
+            return Err(ValidateError::WrongVersion {
+                path: path.to_path_buf(),
+                id,
+                version,
+            });
+        }
+        Ok(Self::from_schema(schema, version))
+    }
+
+    /// Use an already parsed schema (no version check).
+    pub fn from_schema(schema: serde_json::Value, version: TalosVersion) -> Self {
+        let mut kinds = HashMap::new();
+        let refs = schema
+            .get("oneOf")
+            .and_then(|v| v.as_array())
+            .cloned()
+            .unwrap_or_default();
+        for r in refs {
+            let Some(name) = r
+                .get("$ref")
+                .and_then(|v| v.as_str())
+                .and_then(|s| s.strip_prefix("#/$defs/"))
+            else {
+                continue;
+            };
+            let Some(def) = schema.get("$defs").and_then(|d| d.get(name)) else {
+                continue;
+            };
+            let first_enum = |prop: &str| -> Option<String> {
+                def.get("properties")?
+                    .get(prop)?
+                    .get("enum")?
+                    .get(0)?
+                    .as_str()
+                    .map(str::to_string)
+            };
+            let key = match (first_enum("apiVersion"), first_enum("kind")) {
+                (Some(a), Some(k)) => (a, k),
+                _ if first_enum("version").is_some() => {
+                    (String::new(), super::V1ALPHA1.to_string())
+                }
+                _ => continue,
+            };
+            kinds.insert(key, name.to_string());
+        }
+        let compiled = kinds
+            .values()
+            .map(|n| (n.clone(), OnceLock::new()))
+            .collect();
+        SchemaValidator {
+            version,
+            schema,
+            kinds,
+            compiled,
+        }
+    }
+
+    /// The release this schema belongs to.
+    pub fn version(&self) -> TalosVersion {
+        self.version
+    }
+
+    fn validator(&self, def: &str) -> Result<&jsonschema::Validator, String> {
+        let cell = self
+            .compiled
+            .get(def)
+            .ok_or_else(|| format!("no schema definition `{def}`"))?;
+        cell.get_or_init(|| {
+            let mut s = self.schema.clone();
+            if let Some(obj) = s.as_object_mut() {
+                obj.remove("oneOf");
+                obj.insert(
+                    "$ref".into(),
+                    serde_json::Value::String(format!("#/$defs/{def}")),
+                );
+            }
+            jsonschema::validator_for(&s).map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    /// Check every document against the schema definition of its kind.
+    pub fn check(&self, config: &MachineConfig) -> Vec<Violation> {
+        let mut out = Vec::new();
+        for doc in config.documents() {
+            let id = DocumentId::of(doc).unwrap_or_else(DocumentId::v1alpha1);
+            let document = id.to_string();
+            let v = |path: &str, message: String| Violation {
+                document: document.clone(),
+                path: path.to_string(),
+                message,
+                source: RuleSource::Schema,
+                severity: Severity::Error,
+            };
+            let Some(def) = self.kinds.get(&(id.api_version.clone(), id.kind.clone())) else {
+                out.push(v(
+                    "kind",
+                    format!(
+                        "`{}/{}` is not a config document of Talos {}",
+                        id.api_version, id.kind, self.version
+                    ),
+                ));
+                continue;
+            };
+            let json = match serde_json::to_value(doc) {
+                Ok(j) => j,
+                Err(e) => {
+                    out.push(v(
+                        "(document root)",
+                        format!("not expressible as JSON: {e}"),
+                    ));
+                    continue;
+                }
+            };
+            match self.validator(def) {
+                Ok(validator) => {
+                    for e in validator.iter_errors(&json) {
+                        let path = pointer_to_path(e.instance_path().as_str());
+                        let unexpected = match e.kind() {
+                            jsonschema::error::ValidationErrorKind::AdditionalProperties {
+                                unexpected,
+                            } if id.is_v1alpha1() => unexpected.clone(),
+                            _ => {
+                                out.push(v(&path, e.to_string()));
+                                continue;
+                            }
+                        };
+                        for key in unexpected {
+                            let full = if path == "(document root)" {
+                                key.clone()
+                            } else {
+                                format!("{path}.{key}")
+                            };
+                            let rule_path = strip_indices(&full);
+                            match DEPRECATED_FIELDS.iter().find(|(p, _)| *p == rule_path) {
+                                Some((_, instead)) => out.push(Violation {
+                                    severity: Severity::Warning,
+                                    ..v(
+                                        &full,
+                                        format!(
+                                            "deprecated: Talos {} still accepts it but no longer documents it ({instead})",
+                                            self.version
+                                        ),
+                                    )
+                                }),
+                                None => out.push(v(
+                                    &full,
+                                    format!(
+                                        "unknown field `{key}` (not in the Talos {} schema)",
+                                        self.version
+                                    ),
+                                )),
+                            }
+                        }
+                    }
+                }
+                Err(e) => out.push(v(
+                    "(document root)",
+                    format!("the schema definition `{def}` does not compile: {e}"),
+                )),
+            }
+        }
+        out
+    }
+}
+
+/// `machine.network.interfaces[0].mtu` -> `machine.network.interfaces[].mtu`.
+fn strip_indices(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    let mut in_index = false;
+    for c in path.chars() {
+        match c {
+            '[' => {
+                in_index = true;
+                out.push_str("[]");
+            }
+            ']' => in_index = false,
+            c if !in_index => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// `/machine/network/interfaces/0/mtu` -> `machine.network.interfaces[0].mtu`.
+fn pointer_to_path(p: &str) -> String {
+    let mut s = String::new();
+    for t in p.split('/').skip(1) {
+        let t = t.replace("~1", "/").replace("~0", "~");
+        if t.parse::<usize>().is_ok() {
+            s.push_str(&format!("[{t}]"));
+        } else {
+            if !s.is_empty() {
+                s.push('.');
+            }
+            s.push_str(&t);
+        }
+    }
+    if s.is_empty() {
+        s.push_str("(document root)");
+    }
+    s
+}
+
+/// Check a config against the schema and Talos' own rules. `Ok` carries the warnings; `Err`
+/// lists every error (and the warnings).
+pub fn validate(
+    config: &MachineConfig,
+    schema: &SchemaValidator,
+) -> Result<Vec<Violation>, ValidationReport> {
+    let mut all = schema.check(config);
+    all.extend(check_semantics(config, schema.version()));
+    let (errors, warnings): (Vec<Violation>, Vec<Violation>) =
+        all.into_iter().partition(|v| v.severity == Severity::Error);
+    if errors.is_empty() {
+        Ok(warnings)
+    } else {
+        Err(ValidationReport { errors, warnings })
+    }
+}
+
+/// Load the schema of `version` from `schema_path` and [`validate`] against it.
+pub fn validate_with_schema_file(
+    config: &MachineConfig,
+    schema_path: &Path,
+    version: TalosVersion,
+) -> Result<Vec<Violation>, ValidateError> {
+    let schema = SchemaValidator::load(schema_path, version)?;
+    validate(config, &schema).map_err(ValidateError::Invalid)
+}
+
+fn text<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
+    at(v, path).and_then(Value::as_str)
+}
+
+fn at<'a>(v: &'a Value, path: &[&str]) -> Option<&'a Value> {
+    let mut node = v;
+    for k in path {
+        node = node.get(*k)?;
+    }
+    (!node.is_null()).then_some(node)
+}
+
+fn non_empty(v: &Value, path: &[&str]) -> bool {
+    match at(v, path) {
+        None => false,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Sequence(s)) => !s.is_empty(),
+        Some(Value::Mapping(m)) => !m.is_empty(),
+        Some(_) => true,
+    }
+}
+
+/// The rules Talos applies when it loads a config (and a few stricter ones of Plinth's), for the
+/// v1alpha1 document and the install document of `version`.
+pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Violation> {
+    let mut out = Vec::new();
+    let Some(doc) = config.v1alpha1() else {
+        out.push(Violation {
+            document: "v1alpha1".into(),
+            path: "(document root)".into(),
+            message: "the config has no v1alpha1 document (machine and cluster sections)".into(),
+            source: RuleSource::Talos,
+            severity: Severity::Error,
+        });
+        return out;
+    };
+    let mut push = |path: &str, message: String, source: RuleSource| {
+        out.push(Violation {
+            document: "v1alpha1".into(),
+            path: path.to_string(),
+            message,
+            source,
+            severity: Severity::Error,
+        })
+    };
+    if at(doc, &["machine"]).is_none() {
+        push(
+            "machine",
+            "machine instructions are required".into(),
+            RuleSource::Talos,
+        );
+    }
+
+    let machine_type = text(doc, &["machine", "type"]).unwrap_or("");
+    let control_plane = match machine_type {
+        "controlplane" | "init" => Some(true),
+        "worker" => Some(false),
+        other => {
+            push(
+                "machine.type",
+                format!("unknown machine type {other:?}: expected controlplane or worker"),
+                RuleSource::Talos,
+            );
+            None
+        }
+    };
+
+    // Talos API CA.
+    let has_ca = at(doc, &["machine", "ca"]).is_some();
+    let accepted = non_empty(doc, &["machine", "acceptedCAs"]);
+    if !has_ca && !accepted {
+        push(
+            "machine.ca",
+            "issuing CA or some accepted CAs are required (machine.ca, machine.acceptedCAs)".into(),
+            RuleSource::Talos,
+        );
+    }
+    match control_plane {
+        Some(true) if has_ca && !non_empty(doc, &["machine", "ca", "key"]) => push(
+            "machine.ca.key",
+            "issuing CA key is required for controlplane nodes".into(),
+            RuleSource::Talos,
+        ),
+        Some(true) => {}
+        Some(false) => {
+            let worker_key = |path: &[&str], source: RuleSource, what: &str| {
+                non_empty(doc, path).then(|| (path.join("."), source, what.to_string()))
+            };
+            let forbidden = [
+                worker_key(
+                    &["machine", "ca", "key"],
+                    RuleSource::Talos,
+                    "issuing Talos API CA key",
+                ),
+                worker_key(
+                    &["cluster", "ca", "key"],
+                    RuleSource::Talos,
+                    "Kubernetes CA key",
+                ),
+                worker_key(
+                    &["cluster", "aggregatorCA", "key"],
+                    RuleSource::Plinth,
+                    "aggregator CA key",
+                ),
+                worker_key(
+                    &["cluster", "serviceAccount", "key"],
+                    RuleSource::Plinth,
+                    "service-account signing key",
+                ),
+                worker_key(
+                    &["cluster", "etcd", "ca", "key"],
+                    RuleSource::Plinth,
+                    "etcd CA key",
+                ),
+            ];
+            for (path, source, what) in forbidden.into_iter().flatten() {
+                push(
+                    &path,
+                    format!("{what} is not allowed on non-controlplane nodes: render workers from the worker base config"),
+                    source,
+                );
+            }
+            if has_ca && !non_empty(doc, &["machine", "ca", "crt"]) && !accepted {
+                push(
+                    "machine.ca.crt",
+                    "trusted CA certificates are required on non-controlplane nodes (machine.ca.crt, machine.acceptedCAs)".into(),
+                    RuleSource::Talos,
+                );
+            }
+            if at(doc, &["cluster", "etcd"]).is_some() {
+                push(
+                    "cluster.etcd",
+                    "etcd config is only allowed on control plane machines".into(),
+                    RuleSource::Talos,
+                );
+            }
+            check_worker_vips(config, doc, &mut push);
+        }
+        None => {}
+    }
+
+    // Control-plane endpoint.
+    if at(doc, &["cluster"]).is_none() {
+        push(
+            "cluster",
+            "cluster instructions are required".into(),
+            RuleSource::Talos,
+        );
+    } else if at(doc, &["cluster", "controlPlane"]).is_some() {
+        match text(doc, &["cluster", "controlPlane", "endpoint"]) {
+            None | Some("") => push(
+                "cluster.controlPlane.endpoint",
+                "cluster controlplane endpoint is required".into(),
+                RuleSource::Talos,
+            ),
+            Some(ep) => {
+                if let Err(why) = check_endpoint(ep) {
+                    push(
+                        "cluster.controlPlane.endpoint",
+                        format!("invalid controlplane endpoint {ep:?}: {why}"),
+                        RuleSource::Talos,
+                    );
+                }
+            }
+        }
+    }
+
+    check_hostname_documents(config, doc, &mut push);
+    check_install(config, doc, version, &mut push);
+    out
+}
+
+/// A `HostnameConfig` document conflicts with a hostname or stable hostname set in v1alpha1.
+fn check_hostname_documents(
+    config: &MachineConfig,
+    doc: &Value,
+    push: &mut impl FnMut(&str, String, RuleSource),
+) {
+    let has_doc = config
+        .documents()
+        .iter()
+        .any(|d| DocumentId::of(d).is_some_and(|id| id.kind == "HostnameConfig"));
+    if !has_doc {
+        return;
+    }
+    if non_empty(doc, &["machine", "network", "hostname"]) {
+        push(
+            "machine.network.hostname",
+            "static hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
+            RuleSource::Talos,
+        );
+    }
+    if at(doc, &["machine", "features", "stableHostname"]).and_then(Value::as_bool) == Some(true) {
+        push(
+            "machine.features.stableHostname",
+            "stable hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
+            RuleSource::Talos,
+        );
+    }
+}
+
+fn check_worker_vips(
+    config: &MachineConfig,
+    doc: &Value,
+    push: &mut impl FnMut(&str, String, RuleSource),
+) {
+    let msg = || "virtual (shared) IP is not allowed on non-controlplane nodes".to_string();
+    if let Some(ifaces) =
+        at(doc, &["machine", "network", "interfaces"]).and_then(Value::as_sequence)
+    {
+        for (i, iface) in ifaces.iter().enumerate() {
+            if at(iface, &["vip"]).is_some() {
+                push(
+                    &format!("machine.network.interfaces[{i}].vip"),
+                    msg(),
+                    RuleSource::Talos,
+                );
+            }
+            if let Some(vlans) = at(iface, &["vlans"]).and_then(Value::as_sequence) {
+                for (j, vlan) in vlans.iter().enumerate() {
+                    if at(vlan, &["vip"]).is_some() {
+                        push(
+                            &format!("machine.network.interfaces[{i}].vlans[{j}].vip"),
+                            msg(),
+                            RuleSource::Talos,
+                        );
+                    }
+                }
+            }
+        }
+    }
+    for d in config.documents() {
+        if let Some(id) = DocumentId::of(d) {
+            if matches!(id.kind.as_str(), "Layer2VIPConfig" | "HCloudVIPConfig") {
+                push(
+                    &format!("(document {id})"),
+                    format!("{} on a worker", msg()),
+                    RuleSource::Plinth,
+                );
+            }
+        }
+    }
+}
+
+/// An https URL with a host and an optional port, as Talos requires of the cluster endpoint.
+fn check_endpoint(ep: &str) -> Result<(), String> {
+    let rest = ep
+        .strip_prefix("https://")
+        .ok_or("must be an https:// URL, e.g. https://10.0.0.10:6443")?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') {
+        return Err("must not carry credentials".into());
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (h, after) = v6.split_once(']').ok_or("unclosed IPv6 bracket")?;
+        (h, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err("has no host".into());
+    }
+    if let Some(p) = port {
+        match p.parse::<u16>() {
+            Ok(n) if n > 0 => {}
+            _ => return Err(format!("port {p:?} is not 1-65535")),
+        }
+    }
+    Ok(())
+}
+
+fn check_install(
+    config: &MachineConfig,
+    doc: &Value,
+    version: TalosVersion,
+    push: &mut impl FnMut(&str, String, RuleSource),
+) {
+    let unattended = config
+        .documents()
+        .iter()
+        .find(|d| DocumentId::of(d).is_some_and(|id| id.kind == "UnattendedInstallConfig"));
+    let install = at(doc, &["machine", "install"]);
+    if let Some(u) = unattended {
+        if !version.uses_unattended_install() {
+            push(
+                "(document UnattendedInstallConfig)",
+                format!("Talos {version} does not know the UnattendedInstallConfig document; use machine.install"),
+                RuleSource::Talos,
+            );
+        }
+        if text(u, &["provisioning", "diskSelector", "match"]).is_none_or(str::is_empty) {
+            push(
+                "(document UnattendedInstallConfig) provisioning.diskSelector.match",
+                "an install disk selector (CEL) is required".into(),
+                RuleSource::Talos,
+            );
+        }
+        if install.is_some() {
+            push(
+                "machine.install",
+                "UnattendedInstallConfig config is incompatible with v1alpha1 config (.machine.install)"
+                    .into(),
+                RuleSource::Talos,
+            );
+        }
+        return;
+    }
+    let Some(install) = install else {
+        let hint = if version.uses_unattended_install() {
+            "an UnattendedInstallConfig document (or machine.install)"
+        } else {
+            "machine.install with disk or diskSelector"
+        };
+        push(
+            "machine.install",
+            format!("install instructions are required to install on bare metal: add {hint}"),
+            RuleSource::Talos,
+        );
+        return;
+    };
+    let selector = at(install, &["diskSelector"]);
+    if !non_empty(install, &["disk"]) && selector.is_none_or(|s| !non_empty(s, &[])) {
+        push(
+            "machine.install",
+            "either install disk or diskSelector should be defined".into(),
+            RuleSource::Talos,
+        );
+    }
+    if let Some(sel) = selector {
+        let Some(m) = sel.as_mapping() else {
+            push(
+                "machine.install.diskSelector",
+                format!("must be a mapping, not {}", kind_name(sel)),
+                RuleSource::Talos,
+            );
+            return;
+        };
+        if m.contains_key("name") {
+            push(
+                "machine.install.diskSelector.name",
+                "install disk selector is invalid: selector on name is not supported".into(),
+                RuleSource::Talos,
+            );
+        }
+        if let Some(size) = m.get("size") {
+            let ok = super::scalar_text(size).map(|s| s.parse::<SizeBound>());
+            match ok {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => push(
+                    "machine.install.diskSelector.size",
+                    e.to_string(),
+                    RuleSource::Talos,
+                ),
+                None => push(
+                    "machine.install.diskSelector.size",
+                    "must be a size condition such as `>= 400GB`".into(),
+                    RuleSource::Talos,
+                ),
+            }
+        }
+        if let Some(t) = m.get("type") {
+            let t = super::scalar_text(t).unwrap_or_default();
+            if !matches!(t.as_str(), "ssd" | "hdd" | "nvme" | "sd") {
+                push(
+                    "machine.install.diskSelector.type",
+                    format!("unsupported disk type {t:?}: expected ssd, hdd, nvme or sd"),
+                    RuleSource::Talos,
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> MachineConfig {
+        MachineConfig::parse(text).expect("config")
+    }
+
+    const V113: TalosVersion = TalosVersion::new(1, 13, 0);
+
+    const WORKER: &str = "version: v1alpha1\nmachine:\n  type: worker\n  ca: {crt: Y3J0}\n  install: {disk: /dev/sda}\ncluster:\n  controlPlane: {endpoint: 'https://10.0.0.1:6443'}\n  ca: {crt: Y3J0}\n";
+
+    fn paths(v: &[Violation]) -> Vec<&str> {
+        v.iter().map(|v| v.path.as_str()).collect()
+    }
+
+    #[test]
+    fn a_clean_worker_passes() {
+        assert_eq!(check_semantics(&cfg(WORKER), V113), vec![]);
+    }
+
+    #[test]
+    fn semantic_rules_table() {
+        // (edit to the clean worker as a strategic patch, expected violation path)
+        let cases: &[(&str, &str)] = &[
+            ("machine: {type: master}", "machine.type"),
+            ("machine: {ca: {key: a2V5}}", "machine.ca.key"),
+            ("cluster: {ca: {key: a2V5}}", "cluster.ca.key"),
+            ("cluster: {serviceAccount: {key: a2V5}}", "cluster.serviceAccount.key"),
+            ("cluster: {aggregatorCA: {crt: eA==, key: a2V5}}", "cluster.aggregatorCA.key"),
+            ("cluster: {etcd: {ca: {crt: eA==, key: a2V5}}}", "cluster.etcd.ca.key"),
+            ("cluster: {controlPlane: {endpoint: 'http://10.0.0.1:6443'}}", "cluster.controlPlane.endpoint"),
+            ("cluster: {controlPlane: {endpoint: 'https://10.0.0.1:99999'}}", "cluster.controlPlane.endpoint"),
+            ("machine: {network: {interfaces: [{interface: eth0, vip: {ip: 10.0.0.5}}]}}", "machine.network.interfaces[0].vip"),
+            ("machine: {network: {interfaces: [{interface: eth0, vlans: [{vlanId: 5, vip: {ip: 10.0.0.5}}]}]}}", "machine.network.interfaces[0].vlans[0].vip"),
+            ("machine: {install: {disk: {$patch: delete}}}", "machine.install"),
+            ("machine: {install: {diskSelector: {size: 'lots'}}}", "machine.install.diskSelector.size"),
+            ("machine: {install: {diskSelector: {name: sda}}}", "machine.install.diskSelector.name"),
+            ("machine: {install: {diskSelector: {type: floppy}}}", "machine.install.diskSelector.type"),
+            ("machine: {network: {hostname: a}}\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nhostname: b\n", "machine.network.hostname"),
+            ("machine: {features: {stableHostname: true}}\n---\napiVersion: v1alpha1\nkind: HostnameConfig\nauto: stable\n", "machine.features.stableHostname"),
+        ];
+        for (edit, want) in cases {
+            let p = crate::talos::patch::load_patch(edit).expect("patch");
+            let c = crate::talos::patch::apply(&cfg(WORKER), &[p]).expect("apply");
+            let v = check_semantics(&c, V113);
+            assert!(paths(&v).contains(want), "{edit}: got {v:?}");
+        }
+    }
+
+    #[test]
+    fn control_plane_rules() {
+        let cp = WORKER
+            .replace("type: worker", "type: controlplane")
+            .replace(
+                "ca: {crt: Y3J0}\n  install",
+                "ca: {crt: Y3J0, key: a2V5}\n  install",
+            );
+        let mut text = cp.clone();
+        text.push_str("  etcd: {ca: {crt: eA==, key: a2V5}}\n");
+        assert_eq!(check_semantics(&cfg(&text), V113), vec![]);
+        let no_key = cp.replace("ca: {crt: Y3J0, key: a2V5}", "ca: {crt: Y3J0}");
+        assert_eq!(
+            paths(&check_semantics(&cfg(&no_key), V113)),
+            ["machine.ca.key"]
+        );
+        let vip = format!(
+            "{cp}---\napiVersion: v1alpha1\nkind: Layer2VIPConfig\nname: 10.0.0.5\nlink: eth0\n"
+        );
+        assert_eq!(check_semantics(&cfg(&vip), V113), vec![]);
+    }
+
+    #[test]
+    fn install_documents_per_version() {
+        let v114 = TalosVersion::new(1, 14, 0);
+        let no_install = WORKER.replace("  install: {disk: /dev/sda}\n", "");
+        let unattended = format!("{no_install}---\napiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller: {{image: x}}\nprovisioning:\n  diskSelector: {{match: 'disk.serial == \"S\"'}}\n");
+        assert_eq!(check_semantics(&cfg(&unattended), v114), vec![]);
+        assert_eq!(
+            paths(&check_semantics(&cfg(&unattended), V113)),
+            ["(document UnattendedInstallConfig)"]
+        );
+        assert_eq!(
+            paths(&check_semantics(&cfg(&no_install), v114)),
+            ["machine.install"]
+        );
+    }
+
+    #[test]
+    fn endpoints() {
+        for ok in [
+            "https://10.0.0.1:6443",
+            "https://cp.example.com",
+            "https://[fd00::1]:6443/",
+        ] {
+            assert_eq!(check_endpoint(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://x:6443",
+            "https://:6443",
+            "https://u:p@x:6443",
+            "https://x:0",
+            "10.0.0.1:6443",
+        ] {
+            assert!(check_endpoint(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pointers_become_paths() {
+        assert_eq!(
+            pointer_to_path("/machine/network/interfaces/0/mtu"),
+            "machine.network.interfaces[0].mtu"
+        );
+        assert_eq!(pointer_to_path(""), "(document root)");
+    }
+}
