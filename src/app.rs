@@ -10,8 +10,11 @@ use anyhow::Context;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, SecretKeySource, SECRET_KEY_ENV};
+use crate::config::{Config, DhcpConfig, SecretKeySource, SECRET_KEY_ENV};
+use crate::domain::dhcp::BootFiles;
 use crate::http::{self, AppState};
+use crate::service::dhcp::{DhcpService, LeaseTiming};
+use crate::service::LeaseStore;
 use crate::service::{Inventory, InventoryStore, SecretBox, Tokens};
 use crate::store::{self, StoreOptions};
 
@@ -19,6 +22,8 @@ use crate::store::{self, StoreOptions};
 pub struct Running {
     /// Where the HTTP front door listens.
     pub http_addr: SocketAddr,
+    /// Where DHCP listens (`interface:port`), empty when off.
+    pub dhcp: Vec<String>,
     /// Cancel to shut everything down.
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -102,22 +107,77 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Bind the DHCP sockets a configuration asks for (before anything is served).
+fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
+    let ifaces: Vec<Option<&str>> = if d.interfaces.is_empty() {
+        vec![None]
+    } else {
+        d.interfaces.iter().map(|i| Some(i.as_str())).collect()
+    };
+    let mut out = Vec::new();
+    for iface in ifaces {
+        for (port, proxy) in std::iter::once((d.port, false)).chain(d.proxy_port.map(|p| (p, true)))
+        {
+            let s = crate::dhcp::bind(port, iface, proxy).map_err(|e| {
+                let on = iface.map(|i| format!(" on {i}")).unwrap_or_default();
+                if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    anyhow::anyhow!(
+                        "cannot bind DHCP UDP port {port}{on}: binding ports below 1024 (and to an interface) needs root or \
+                         CAP_NET_BIND_SERVICE and CAP_NET_RAW: run as root, or `setcap cap_net_bind_service,cap_net_raw=+ep $(command -v plinth)`"
+                    )
+                } else {
+                    anyhow::anyhow!("cannot bind DHCP UDP port {port}{on} (dhcp.port / dhcp.proxy_port / dhcp.interfaces): {e}")
+                }
+            })?;
+            out.push(s);
+        }
+    }
+    Ok(out)
+}
+
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let store = open_store(config, true).await?;
     let secrets = secret_box(config)?;
+    let dhcp_sockets = match &config.dhcp {
+        Some(d) => bind_dhcp(d)?,
+        None => Vec::new(),
+    };
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .with_context(|| format!("cannot listen on {} (http.listen)", config.http_listen))?;
     let http_addr = listener.local_addr()?;
+    let metrics = Arc::new(crate::metrics::Metrics::new());
+    let shutdown = CancellationToken::new();
+    let mut tasks = JoinSet::new();
+    let mut dhcp = Vec::new();
+    if let Some(d) = &config.dhcp {
+        for s in &dhcp_sockets {
+            let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
+            dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
+        }
+        let leases: Arc<dyn LeaseStore> = store.clone();
+        let service = Arc::new(DhcpService::new(
+            leases,
+            d.subnets.clone(),
+            BootFiles {
+                http_base: d.boot_url.clone(),
+            },
+            LeaseTiming {
+                offer_ms: i64::from(d.offer_seconds) * 1000,
+                decline_ms: i64::from(d.decline_seconds) * 1000,
+            },
+        ));
+        let m = crate::dhcp::DhcpMetrics::register(&metrics);
+        let stop = shutdown.clone();
+        tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, stop).await });
+    }
     let state = AppState {
         inventory: Inventory::new(store.clone(), secrets),
         tokens: Tokens::new(store),
-        metrics: Arc::new(crate::metrics::Metrics::new()),
+        metrics,
         max_body_bytes: config.max_body_bytes,
     };
-    let shutdown = CancellationToken::new();
-    let mut tasks = JoinSet::new();
     let router = http::router(state);
     let stop = shutdown.clone();
     tasks.spawn(async move {
@@ -128,6 +188,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     });
     Ok(Running {
         http_addr,
+        dhcp,
         shutdown,
         tasks,
     })

@@ -54,6 +54,60 @@ pub struct RawConfig {
     /// `[log]`.
     #[serde(default)]
     pub log: RawLog,
+    /// `[dhcp]`.
+    #[serde(default)]
+    pub dhcp: RawDhcp,
+}
+
+/// `[dhcp]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDhcp {
+    /// Serve DHCP at all.
+    pub enabled: Option<bool>,
+    /// UDP port (67).
+    pub port: Option<u16>,
+    /// proxyDHCP port (4011); 0 turns it off.
+    pub proxy_port: Option<u16>,
+    /// Interfaces to serve on (one socket each); empty: every interface.
+    pub interfaces: Option<Vec<String>>,
+    /// Base URL of Plinth's HTTP front door as booting machines reach it.
+    pub boot_url: Option<String>,
+    /// How long an offer holds its address, seconds.
+    pub offer_seconds: Option<u32>,
+    /// How long a declined address stays quarantined, seconds.
+    pub decline_quarantine_seconds: Option<u32>,
+    /// `[[dhcp.subnet]]` tables.
+    #[serde(default)]
+    pub subnet: Vec<RawSubnet>,
+}
+
+/// `[[dhcp.subnet]]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSubnet {
+    /// Network, e.g. `10.0.0.0/24`.
+    pub cidr: Option<String>,
+    /// `authoritative`, `proxy` or `off`.
+    pub mode: Option<String>,
+    /// Plinth's own address on this subnet.
+    pub server_ip: Option<String>,
+    /// Dynamic ranges `FIRST-LAST`.
+    #[serde(default)]
+    pub pool: Vec<String>,
+    /// Option 3.
+    #[serde(default)]
+    pub routers: Vec<String>,
+    /// Option 6.
+    #[serde(default)]
+    pub dns: Vec<String>,
+    /// Option 42.
+    #[serde(default)]
+    pub ntp: Vec<String>,
+    /// Option 15.
+    pub domain: Option<String>,
+    /// Option 51.
+    pub lease_seconds: Option<u32>,
 }
 
 /// `[database]`.
@@ -146,6 +200,152 @@ pub struct Config {
     pub log_format: LogFormat,
     /// Log filter.
     pub log_level: String,
+    /// DHCP, when enabled.
+    pub dhcp: Option<DhcpConfig>,
+}
+
+/// Validated `[dhcp]`.
+#[derive(Debug, Clone)]
+pub struct DhcpConfig {
+    /// UDP port.
+    pub port: u16,
+    /// proxyDHCP port, if on.
+    pub proxy_port: Option<u16>,
+    /// Interfaces (empty: all).
+    pub interfaces: Vec<String>,
+    /// HTTP base for boot files and scripts.
+    pub boot_url: String,
+    /// Offer hold time.
+    pub offer_seconds: u32,
+    /// Decline quarantine.
+    pub decline_seconds: u32,
+    /// Subnets.
+    pub subnets: Vec<crate::domain::dhcp::Subnet>,
+}
+
+fn ipv4(key: &str, v: &str) -> Result<std::net::Ipv4Addr, ConfigError> {
+    v.trim()
+        .parse()
+        .map_err(|_| ConfigError::new(key, format!("`{v}` is not an IPv4 address")))
+}
+
+impl RawDhcp {
+    fn validate(self) -> Result<Option<DhcpConfig>, ConfigError> {
+        use crate::domain::dhcp::{Ipv4Range, Subnet, SubnetMode};
+        if !self.enabled.unwrap_or(false) {
+            return Ok(None);
+        }
+        let boot_url = self.boot_url.ok_or_else(|| {
+            ConfigError::new("dhcp.boot_url", "required with DHCP on: the http:// URL booting machines use to reach Plinth, e.g. http://10.0.0.1:8080")
+        })?;
+        if !(boot_url.starts_with("http://") || boot_url.starts_with("https://")) {
+            return Err(ConfigError::new(
+                "dhcp.boot_url",
+                format!("`{boot_url}` must start with http:// (iPXE and UEFI fetch from it)"),
+            ));
+        }
+        if self.subnet.is_empty() {
+            return Err(ConfigError::new(
+                "dhcp.subnet",
+                "DHCP is on but no [[dhcp.subnet]] is configured",
+            ));
+        }
+        let mut subnets: Vec<Subnet> = Vec::new();
+        for (i, raw) in self.subnet.into_iter().enumerate() {
+            let k = |f: &str| format!("dhcp.subnet[{i}].{f}");
+            let cidr = raw
+                .cidr
+                .ok_or_else(|| ConfigError::new(&k("cidr"), "required, e.g. 10.0.0.0/24"))?;
+            let net: ipnet::Ipv4Net = cidr.trim().parse().map_err(|_| {
+                ConfigError::new(
+                    &k("cidr"),
+                    format!("`{cidr}` is not an IPv4 network such as 10.0.0.0/24"),
+                )
+            })?;
+            let net = net.trunc();
+            let mode = match raw.mode.as_deref().unwrap_or("authoritative") {
+                "authoritative" => SubnetMode::Authoritative,
+                "proxy" => SubnetMode::Proxy,
+                "off" => SubnetMode::Off,
+                other => {
+                    return Err(ConfigError::new(
+                        &k("mode"),
+                        format!("`{other}` is not authoritative, proxy or off"),
+                    ))
+                }
+            };
+            let server_ip = ipv4(&k("server_ip"), raw.server_ip.as_deref().unwrap_or(""))?;
+            if !net.contains(&server_ip) {
+                return Err(ConfigError::new(
+                    &k("server_ip"),
+                    format!("{server_ip} is not in {net}"),
+                ));
+            }
+            let mut pool = Vec::new();
+            for r in &raw.pool {
+                let range: Ipv4Range = r
+                    .parse()
+                    .map_err(|e: String| ConfigError::new(&k("pool"), e))?;
+                if !net.contains(&range.first)
+                    || !net.contains(&range.last)
+                    || range.contains(net.network())
+                    || range.contains(net.broadcast())
+                {
+                    return Err(ConfigError::new(&k("pool"), format!("`{r}` must lie inside {net}, without its network and broadcast addresses")));
+                }
+                pool.push(range);
+            }
+            if mode == SubnetMode::Proxy && !pool.is_empty() {
+                return Err(ConfigError::new(
+                    &k("pool"),
+                    "a proxy subnet hands out no addresses: remove the pool",
+                ));
+            }
+            let list = |f: &str, v: &[String]| {
+                v.iter()
+                    .map(|x| ipv4(&k(f), x))
+                    .collect::<Result<Vec<_>, _>>()
+            };
+            let lease_seconds = raw.lease_seconds.unwrap_or(3600);
+            if lease_seconds < 60 {
+                return Err(ConfigError::new(&k("lease_seconds"), "must be at least 60"));
+            }
+            let s = Subnet {
+                net,
+                mode,
+                server_ip,
+                pool,
+                routers: list("routers", &raw.routers)?,
+                dns: list("dns", &raw.dns)?,
+                ntp: list("ntp", &raw.ntp)?,
+                domain: raw.domain,
+                lease_seconds,
+            };
+            if let Some(o) = subnets
+                .iter()
+                .find(|o| o.net.contains(&s.net.network()) || s.net.contains(&o.net.network()))
+            {
+                return Err(ConfigError::new(
+                    &k("cidr"),
+                    format!("{} overlaps {}", s.net, o.net),
+                ));
+            }
+            subnets.push(s);
+        }
+        let proxy_port = match self.proxy_port.unwrap_or(4011) {
+            0 => None,
+            p => Some(p),
+        };
+        Ok(Some(DhcpConfig {
+            port: self.port.unwrap_or(67),
+            proxy_port,
+            interfaces: self.interfaces.unwrap_or_default(),
+            boot_url,
+            offer_seconds: self.offer_seconds.unwrap_or(60).max(5),
+            decline_seconds: self.decline_quarantine_seconds.unwrap_or(3600),
+            subnets,
+        }))
+    }
 }
 
 impl RawConfig {
@@ -270,7 +470,9 @@ impl RawConfig {
                 ),
             ));
         }
+        let dhcp = self.dhcp.validate()?;
         Ok(Config {
+            dhcp,
             data_dir,
             database_url: url,
             dialect,

@@ -44,8 +44,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry(&config);
             let running = plinth::app::spawn(&config).await?;
             let addr = running.http_addr;
+            let dhcp = if running.dhcp.is_empty() {
+                "off".to_string()
+            } else {
+                running.dhcp.join(", ")
+            };
             eprintln!(
-                "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics); database {}; DHCP off; TFTP off",
+                "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics); database {}; DHCP {dhcp}; TFTP off",
                 plinth::store::redact_url(&config.database_url)
             );
             tracing::info!(http = %addr, "plinth started");
