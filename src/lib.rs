@@ -3,6 +3,7 @@
 //! Layers (arrows point inwards only): front doors (`http`) -> `service` -> `domain`; `store`
 //! implements the traits of `service`. `app` is the only place that names concrete types.
 
+pub mod bmc;
 pub mod domain;
 pub mod service;
 pub mod store;
