@@ -588,7 +588,12 @@ impl Transport {
     ) -> Result<Answer, BmcError> {
         let mut etag = etag;
         if etag.is_none() && self.if_match_required() {
-            etag = self.fetch_etag(link).await?;
+            // The BMC wants If-Match: its ETag if it shows one, else the wildcard.
+            etag = Some(
+                self.fetch_etag(link)
+                    .await?
+                    .unwrap_or_else(|| "*".to_string()),
+            );
         }
         let mut queue: Vec<Option<String>> = vec![etag.clone()];
         let mut tried: Vec<Option<String>> = Vec::new();
