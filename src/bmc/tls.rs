@@ -7,7 +7,7 @@
 //! pinned certificate's key can answer.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
@@ -91,22 +91,9 @@ impl TlsPolicy {
             .with_safe_default_protocol_versions()
             .map_err(|e| BmcError::Config(format!("TLS protocol versions: {e}")))?;
         let config = match self {
-            TlsPolicy::Verify => {
-                let mut roots = RootCertStore::empty();
-                let found = rustls_native_certs::load_native_certs();
-                for cert in found.certs {
-                    // A single unparsable system certificate must not take the others down.
-                    let _ = roots.add(cert);
-                }
-                if roots.is_empty() {
-                    return Err(BmcError::Config(format!(
-                        "no usable system root certificates ({} errors loading them); pin the BMC \
-                         certificate fingerprint instead",
-                        found.errors.len()
-                    )));
-                }
-                builder.with_root_certificates(roots).with_no_client_auth()
-            }
+            TlsPolicy::Verify => builder
+                .with_root_certificates(system_roots()?)
+                .with_no_client_auth(),
             TlsPolicy::Pinned(fp) => builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
@@ -124,6 +111,31 @@ impl TlsPolicy {
         };
         Ok(config)
     }
+}
+
+/// The system's root certificates, loaded once per process.
+fn system_roots() -> Result<Arc<RootCertStore>, BmcError> {
+    static ROOTS: OnceLock<Result<Arc<RootCertStore>, String>> = OnceLock::new();
+    ROOTS
+        .get_or_init(|| {
+            let mut roots = RootCertStore::empty();
+            let found = rustls_native_certs::load_native_certs();
+            for cert in found.certs {
+                // A single unparsable system certificate must not take the others down.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                Err(format!(
+                    "no usable system root certificates ({} errors loading them); pin the BMC \
+                     certificate fingerprint instead",
+                    found.errors.len()
+                ))
+            } else {
+                Ok(Arc::new(roots))
+            }
+        })
+        .clone()
+        .map_err(BmcError::Config)
 }
 
 /// Accepts exactly the pinned certificate (or, with no pin, any certificate), and checks the

@@ -533,11 +533,20 @@ impl Transport {
             }
             Ok(ans)
         } else {
+            let message = if ans.status.is_redirection() {
+                // Redirects are not followed (credentials stay on the configured origin).
+                format!(
+                    "the BMC redirects to {}; configure that URL instead",
+                    ans.location().as_deref().unwrap_or("(no Location)")
+                )
+            } else {
+                error_message(ans.body.as_ref(), &ans.text)
+            };
             Err(BmcError::Http {
                 method: method.to_string(),
                 path: self.path_of(link),
                 status: ans.status.as_u16(),
-                message: error_message(ans.body.as_ref(), &ans.text),
+                message,
             })
         }
     }
@@ -769,12 +778,23 @@ impl Transport {
         Ok(())
     }
 
-    /// After a 401 on `stale`: log in again unless another task already did.
+    /// After a 401 on `stale`: log in again unless another task already did. The stale session
+    /// is deleted first, best effort: a 401 usually means it expired, but if the BMC still holds
+    /// it, it must not pile up.
     async fn relogin(&self, stale: &str) -> Result<(), BmcError> {
         let _gate = self.login_gate.lock().await;
-        if let AuthState::Session { token, .. } = &*self.lock_auth() {
-            if token != stale {
-                return Ok(());
+        let old = self.lock_auth().clone();
+        match &old {
+            AuthState::Session { token, .. } if token != stale => return Ok(()),
+            AuthState::Closed => return Err(BmcError::Config("BMC client is closed".into())),
+            _ => {}
+        }
+        if let AuthState::Session { uri: Some(uri), .. } = &old {
+            match self.request_as(&old, Method::DELETE, uri, None, None).await {
+                Ok(a) => {
+                    tracing::debug!(session = %self.path_of(uri), status = a.status.as_u16(), "stale BMC session deleted")
+                }
+                Err(e) => tracing::debug!(error = %e, "could not delete the stale BMC session"),
             }
         }
         let state = self.login().await?;
@@ -870,15 +890,14 @@ impl Transport {
     pub async fn close(&self) -> Result<(), BmcError> {
         let _gate = self.login_gate.lock().await;
         let prev = std::mem::replace(&mut *self.lock_auth(), AuthState::Closed);
-        if let AuthState::Session {
-            token,
-            uri: Some(uri),
-        } = &prev
-        {
+        if let AuthState::Session { uri: Some(uri), .. } = &prev {
             let ans = self
                 .request_as(&prev, Method::DELETE, uri, None, None)
                 .await?;
-            if !ans.status.is_success() && ans.status != StatusCode::NOT_FOUND {
+            // 404/401: the BMC no longer knows the session (it expired); nothing left to delete.
+            let gone =
+                ans.status == StatusCode::NOT_FOUND || ans.status == StatusCode::UNAUTHORIZED;
+            if !ans.status.is_success() && !gone {
                 return Err(BmcError::Http {
                     method: "DELETE".into(),
                     path: self.path_of(uri),
@@ -886,7 +905,6 @@ impl Transport {
                     message: error_message(ans.body.as_ref(), &ans.text),
                 });
             }
-            let _ = token;
             tracing::debug!(session = %self.path_of(uri), "BMC session deleted");
         }
         Ok(())
