@@ -962,6 +962,24 @@ mod tests {
     }
 
     #[test]
+    fn endpoint_from_inventory() {
+        let inv = crate::domain::Bmc {
+            url: "https://10.0.0.5".into(),
+            username: "root".into(),
+            tls: crate::domain::TlsMode::Pinned,
+            fingerprint: Some("ab".repeat(32)),
+            has_password: true,
+        };
+        let ep = BmcEndpoint::from_inventory(&inv, Password::new("pw")).expect("endpoint");
+        assert!(matches!(ep.tls, TlsPolicy::Pinned(_)));
+        let bad = crate::domain::Bmc {
+            fingerprint: None,
+            ..inv
+        };
+        assert!(BmcEndpoint::from_inventory(&bad, Password::new("pw")).is_err());
+    }
+
+    #[test]
     fn links_resolve_on_the_bmc_origin() {
         let ep = BmcEndpoint {
             url: "http://10.0.0.5:8000/redfish/v1".into(),
