@@ -72,7 +72,8 @@ pub const QUIRKS: &[Quirks] = &[
         // iLO hands out weak ETags (W/"...") on every resource; the generic 412 ladder retries
         // with the strong form. Successful PATCHes answer 200 with an `error` object holding
         // `Base.x.Success` ExtendedInfo: decided by status code, not by that body.
-        // iLO's InsertMedia refuses parameters other than Image (400 ActionParameterNotSupported).
+        // iLO publishes no ActionInfo for InsertMedia and its firmware generations disagree on
+        // the optional parameters; `Image` alone is what every one of them takes.
         insert_image_only: true,
         media_location: MediaLocation::Manager,
         ..GENERIC
