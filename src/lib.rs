@@ -4,6 +4,7 @@
 //! implements the traits of `service`. `app` is the only place that names concrete types.
 
 pub mod app;
+pub mod bmc;
 pub mod cli;
 pub mod config;
 pub mod dhcp;

@@ -1,0 +1,429 @@
+//! What the rest of Plinth sees of a BMC: the `Bmc` trait and the plain result types it returns
+//! (power state, boot override, virtual media, inspected hardware, capabilities).
+//!
+//! Nothing here knows about HTTP, JSON or Redfish paths, so the service layer can depend on these
+//! types and tests can implement the trait without a network.
+
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use super::BmcError;
+use crate::domain::{DiskType, MacAddr, TlsMode};
+
+/// Power state of a computer system, as the BMC reports it (Redfish `PowerState`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerState {
+    /// Powered on.
+    On,
+    /// Powered off.
+    Off,
+    /// Transitioning to on.
+    PoweringOn,
+    /// Transitioning to off.
+    PoweringOff,
+    /// Paused (some BMCs, and virtual machines behind an emulator).
+    Paused,
+    /// A value this client does not know, kept as the BMC spelled it.
+    Other(String),
+}
+
+impl PowerState {
+    /// Parse the Redfish spelling; unknown values are kept as text.
+    pub fn from_redfish(s: &str) -> Self {
+        match s {
+            "On" => PowerState::On,
+            "Off" => PowerState::Off,
+            "PoweringOn" => PowerState::PoweringOn,
+            "PoweringOff" => PowerState::PoweringOff,
+            "Paused" => PowerState::Paused,
+            other => PowerState::Other(other.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for PowerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PowerState::On => "on",
+            PowerState::Off => "off",
+            PowerState::PoweringOn => "powering-on",
+            PowerState::PoweringOff => "powering-off",
+            PowerState::Paused => "paused",
+            PowerState::Other(s) => s,
+        })
+    }
+}
+
+/// A power operation requested by an operator (`plinth bmc power MACHINE ...`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PowerAction {
+    /// Power on; done when `PowerState` is `On`.
+    On,
+    /// Power off at once (Redfish `ForceOff`); done when `PowerState` is `Off`.
+    Off,
+    /// Hard power cycle: `PowerCycle` where allowed, else off, wait for Off, on.
+    Cycle,
+    /// Ask the operating system to restart (`GracefulRestart`).
+    GracefulRestart,
+}
+
+impl FromStr for PowerAction {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "on" => Ok(PowerAction::On),
+            "off" => Ok(PowerAction::Off),
+            "cycle" => Ok(PowerAction::Cycle),
+            "graceful-restart" => Ok(PowerAction::GracefulRestart),
+            other => Err(format!(
+                "`{other}` is not one of: on, off, cycle, graceful-restart"
+            )),
+        }
+    }
+}
+
+impl fmt::Display for PowerAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PowerAction::On => "on",
+            PowerAction::Off => "off",
+            PowerAction::Cycle => "cycle",
+            PowerAction::GracefulRestart => "graceful-restart",
+        })
+    }
+}
+
+/// Device of a one-time boot override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootTarget {
+    /// Network boot through PXE (Redfish `Pxe`).
+    Pxe,
+    /// UEFI HTTP boot (Redfish `UefiHttp`).
+    Http,
+    /// The (virtual) CD/DVD drive (Redfish `Cd`; some vendors name it otherwise, see quirks).
+    Cd,
+}
+
+impl FromStr for BootTarget {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "pxe" => Ok(BootTarget::Pxe),
+            "http" => Ok(BootTarget::Http),
+            "cd" => Ok(BootTarget::Cd),
+            other => Err(format!("`{other}` is not one of: pxe, http, cd")),
+        }
+    }
+}
+
+impl fmt::Display for BootTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BootTarget::Pxe => "pxe",
+            BootTarget::Http => "http",
+            BootTarget::Cd => "cd",
+        })
+    }
+}
+
+/// Firmware mode of a boot override.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BootMode {
+    /// UEFI boot (Redfish `UEFI`).
+    Uefi,
+    /// Legacy BIOS boot (Redfish `Legacy`).
+    Legacy,
+}
+
+impl BootMode {
+    /// The Redfish spelling.
+    pub fn redfish(&self) -> &'static str {
+        match self {
+            BootMode::Uefi => "UEFI",
+            BootMode::Legacy => "Legacy",
+        }
+    }
+}
+
+impl FromStr for BootMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "uefi" => Ok(BootMode::Uefi),
+            "legacy" | "bios" => Ok(BootMode::Legacy),
+            other => Err(format!("`{other}` is not one of: uefi, legacy")),
+        }
+    }
+}
+
+impl fmt::Display for BootMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            BootMode::Uefi => "uefi",
+            BootMode::Legacy => "legacy",
+        })
+    }
+}
+
+/// The boot override a BMC holds, as read back from it (Redfish spellings kept as text).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootOverride {
+    /// `BootSourceOverrideTarget`, e.g. `Pxe`.
+    pub target: Option<String>,
+    /// `BootSourceOverrideEnabled`: `Once`, `Continuous` or `Disabled`.
+    pub enabled: Option<String>,
+    /// `BootSourceOverrideMode`: `UEFI` or `Legacy`; `None` when the BMC does not expose it.
+    pub mode: Option<String>,
+}
+
+impl fmt::Display for BootOverride {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = |v: &Option<String>| v.clone().unwrap_or_else(|| "(absent)".into());
+        write!(
+            f,
+            "target {}, enabled {}, mode {}",
+            s(&self.target),
+            s(&self.enabled),
+            s(&self.mode)
+        )
+    }
+}
+
+/// The virtual CD/DVD slot of a BMC.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VirtualMediaStatus {
+    /// Redfish URI of the slot (where the BMC put it: under the Manager or the System).
+    pub slot: String,
+    /// Whether the slot hangs under the Manager or the System.
+    pub location: MediaLocation,
+    /// Whether media is inserted.
+    pub inserted: bool,
+    /// URL of the inserted image, if any.
+    pub image: Option<String>,
+    /// `ConnectedVia`, e.g. `URI` or `NotConnected`.
+    pub connected_via: Option<String>,
+    /// Media types the slot accepts, e.g. `CD`, `DVD`.
+    pub media_types: Vec<String>,
+}
+
+/// Where a BMC links its virtual media.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MediaLocation {
+    /// `Systems/<id>/VirtualMedia` (the ComputerSystem links it).
+    System,
+    /// `Managers/<id>/VirtualMedia`.
+    Manager,
+}
+
+/// Hardware found out of band, without booting the machine.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InspectedHardware {
+    /// SMBIOS system UUID.
+    pub smbios_uuid: Option<Uuid>,
+    /// System serial number.
+    pub serial: Option<String>,
+    /// Manufacturer, e.g. `Dell Inc.`.
+    pub manufacturer: Option<String>,
+    /// Model, e.g. `PowerEdge R750`.
+    pub model: Option<String>,
+    /// System BIOS/UEFI firmware version.
+    pub bios_version: Option<String>,
+    /// Host network interfaces (the BMC's own host interface is flagged, not dropped).
+    pub nics: Vec<InspectedNic>,
+    /// Drives from `Storage`/`Drives`, or from `SimpleStorage` where that is all the BMC has.
+    pub drives: Vec<InspectedDrive>,
+    /// Where the drive list came from.
+    pub drive_source: DriveSource,
+}
+
+impl InspectedHardware {
+    /// MAC addresses of the host NICs, without the BMC host interface, each once.
+    pub fn host_macs(&self) -> Vec<MacAddr> {
+        let mut out: Vec<MacAddr> = Vec::new();
+        for n in self.nics.iter().filter(|n| !n.bmc_host_interface) {
+            if !out.contains(&n.mac) {
+                out.push(n.mac);
+            }
+        }
+        out
+    }
+}
+
+/// A host network interface.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InspectedNic {
+    /// Redfish `Id`, e.g. `NIC.Integrated.1-1-1`.
+    pub id: String,
+    /// Current MAC (`MACAddress`): what DHCP sees.
+    pub mac: MacAddr,
+    /// Burned-in MAC (`PermanentMACAddress`) when the BMC reports one.
+    pub permanent_mac: Option<MacAddr>,
+    /// `InterfaceEnabled`, when reported.
+    pub enabled: Option<bool>,
+    /// `LinkStatus`, e.g. `LinkUp`.
+    pub link_status: Option<String>,
+    /// `EthernetInterfaceType`: `Physical` or `Virtual` (a VLAN, a team), when reported.
+    pub interface_type: Option<String>,
+    /// The USB/virtual NIC between host and BMC (Redfish host interface): not a boot NIC.
+    pub bmc_host_interface: bool,
+}
+
+/// A drive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InspectedDrive {
+    /// Redfish `Name` or `Id`, e.g. `Disk.Bay.0`.
+    pub name: Option<String>,
+    /// Model string, trimmed.
+    pub model: Option<String>,
+    /// Serial number, trimmed.
+    pub serial: Option<String>,
+    /// Manufacturer, trimmed.
+    pub manufacturer: Option<String>,
+    /// Capacity in bytes.
+    pub capacity_bytes: Option<u64>,
+    /// `MediaType` as reported (`SSD`, `HDD`, `SMR`...).
+    pub media_type: Option<String>,
+    /// `Protocol` as reported (`NVMe`, `SATA`, `SAS`, `PCIe`...), or the controller's device protocol.
+    pub protocol: Option<String>,
+    /// nvme, ssd or hdd, when it can be told from the above.
+    pub disk_type: Option<DiskType>,
+}
+
+/// Where the drive list of an inspection came from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriveSource {
+    /// `Systems/<id>/Storage/<ctrl>/Drives`.
+    Storage,
+    /// `Systems/<id>/SimpleStorage` (no serials there).
+    SimpleStorage,
+    /// The BMC reports no drives.
+    #[default]
+    None,
+}
+
+/// What a BMC can do, probed once at registration and refreshed on demand.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Vendor as the service root or the system names it, e.g. `Dell`, `HPE`, `Supermicro`.
+    pub vendor: Option<String>,
+    /// System model, e.g. `PowerEdge R750`.
+    pub model: Option<String>,
+    /// The row of the quirk table that applies, e.g. `dell-idrac`; `None` for a generic BMC.
+    pub quirks: Option<String>,
+    /// `RedfishVersion` of the service root.
+    pub redfish_version: Option<String>,
+    /// Whether the BMC links a session collection (`Links.Sessions`).
+    pub sessions: bool,
+    /// How this client authenticates now: `session` or `basic`.
+    pub auth: String,
+    /// Allowed `ResetType` values (from the action or its `@Redfish.ActionInfo`).
+    pub reset_types: Vec<String>,
+    /// Allowed `BootSourceOverrideTarget` values.
+    pub boot_targets: Vec<String>,
+    /// Whether the BMC exposes `BootSourceOverrideMode` (UEFI/Legacy) on the override.
+    pub boot_mode_settable: bool,
+    /// Where the virtual CD/DVD slot is, `None` without virtual media.
+    pub virtual_media: Option<MediaLocation>,
+    /// ETags on the ComputerSystem: offered, weak, and whether PATCH requires `If-Match`.
+    pub etag: EtagSupport,
+    /// TLS verification used for this BMC.
+    pub tls: TlsMode,
+}
+
+/// ETag behaviour of a BMC.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EtagSupport {
+    /// The ComputerSystem carries an ETag (header or `@odata.etag`).
+    pub offered: bool,
+    /// The ETag is weak (`W/"..."`).
+    pub weak: bool,
+    /// PATCH needs `If-Match` (known from the quirk table or learned from a 428).
+    pub if_match_required: bool,
+}
+
+/// A BMC as the service layer drives it. Implemented by [`super::RedfishBmc`].
+///
+/// Every method that changes state also confirms it: power operations poll `PowerState` to the
+/// target under a deadline, the boot override is read back after it is written, and virtual media
+/// is read back after insert/eject.
+#[async_trait]
+pub trait Bmc: Send + Sync {
+    /// Current power state.
+    async fn power_state(&self) -> Result<PowerState, BmcError>;
+    /// Run a power operation and wait until the system reaches the state it implies.
+    async fn power(&self, action: PowerAction) -> Result<PowerState, BmcError>;
+    /// Set a one-time boot override and confirm the BMC kept target, enablement and mode.
+    async fn boot_once(
+        &self,
+        target: BootTarget,
+        mode: Option<BootMode>,
+    ) -> Result<BootOverride, BmcError>;
+    /// Insert an image URL into the virtual CD/DVD slot (ejecting what is there first).
+    async fn media_insert(&self, image_url: &str) -> Result<VirtualMediaStatus, BmcError>;
+    /// Eject the virtual CD/DVD slot.
+    async fn media_eject(&self) -> Result<VirtualMediaStatus, BmcError>;
+    /// State of the virtual CD/DVD slot.
+    async fn media_status(&self) -> Result<VirtualMediaStatus, BmcError>;
+    /// Out-of-band hardware inventory.
+    async fn inspect(&self) -> Result<InspectedHardware, BmcError>;
+    /// Probe what the BMC supports.
+    async fn capabilities(&self) -> Result<Capabilities, BmcError>;
+    /// Log out (DELETE the session) and release the connection.
+    async fn close(&self) -> Result<(), BmcError>;
+}
+
+/// Tell the disk type from what Redfish reports.
+pub fn disk_type_of(media_type: Option<&str>, protocol: Option<&str>) -> Option<DiskType> {
+    let proto = protocol.map(str::to_ascii_lowercase);
+    let media = media_type.map(str::to_ascii_lowercase);
+    if proto.as_deref() == Some("nvme") {
+        return Some(DiskType::Nvme);
+    }
+    match media.as_deref() {
+        Some("hdd") | Some("smr") => Some(DiskType::Hdd),
+        // An SSD on PCIe is NVMe (Dell reports NVMe drives as Protocol "PCIe").
+        Some("ssd") if proto.as_deref() == Some("pcie") => Some(DiskType::Nvme),
+        Some("ssd") => Some(DiskType::Ssd),
+        _ if proto.as_deref() == Some("pcie") => Some(DiskType::Nvme),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn disk_types() {
+        let t = |m, p| disk_type_of(m, p);
+        assert_eq!(t(Some("SSD"), Some("NVMe")), Some(DiskType::Nvme));
+        assert_eq!(t(Some("SSD"), Some("PCIe")), Some(DiskType::Nvme));
+        assert_eq!(t(Some("SSD"), Some("SATA")), Some(DiskType::Ssd));
+        assert_eq!(t(Some("HDD"), Some("SAS")), Some(DiskType::Hdd));
+        assert_eq!(t(None, Some("NVMe")), Some(DiskType::Nvme));
+        assert_eq!(t(None, None), None);
+        assert_eq!(t(Some("Tape"), Some("SAS")), None);
+    }
+
+    #[test]
+    fn parse_words() {
+        assert_eq!("Graceful-Restart".parse(), Ok(PowerAction::GracefulRestart));
+        assert_eq!("HTTP".parse(), Ok(BootTarget::Http));
+        assert_eq!("uefi".parse(), Ok(BootMode::Uefi));
+        assert!("floppy".parse::<BootTarget>().is_err());
+        assert_eq!(
+            PowerState::from_redfish("Resetting"),
+            PowerState::Other("Resetting".into())
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! Real Redfish peers for the BMC tests: `sushy-static` serving the recorded vendor trees and
+//! `sushy-emulator --fake`, each a child process on a free 127.0.0.1 port, killed by PID on drop.
+//!
+//! The peers come from the venv that `tests/peers/redfish-venv.sh` builds, found through
+//! `PLINTH_REDFISH_VENV` (default `<crate>/target/redfish-venv`). A missing venv fails the test
+//! with the command to run; it never skips.
+
+#![allow(dead_code)]
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The venv holding sushy-tools.
+pub fn venv() -> PathBuf {
+    let dir = std::env::var_os("PLINTH_REDFISH_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("target/redfish-venv"));
+    for tool in ["sushy-static", "sushy-emulator", "python"] {
+        let p = dir.join("bin").join(tool);
+        assert!(
+            p.exists(),
+            "Redfish peer `{}` is missing. Create the venv first:\n    \
+             PLINTH_REDFISH_VENV={} tests/peers/redfish-venv.sh",
+            p.display(),
+            dir.display()
+        );
+    }
+    dir
+}
+
+/// The shared reference data (`PLINTH_SHARED` or `<crate>/../shared`).
+pub fn shared() -> PathBuf {
+    let dir = std::env::var_os("PLINTH_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    assert!(
+        dir.join("redfish-mockups").is_dir(),
+        "shared reference data not found at {} (set PLINTH_SHARED)",
+        dir.display()
+    );
+    dir
+}
+
+/// A port that was free a moment ago (for peers that take a port number, not a socket).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind port 0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// A child process killed (by its PID) when dropped.
+pub struct Peer {
+    child: Child,
+    pub addr: SocketAddr,
+    pub scheme: &'static str,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Peer {
+    /// `scheme://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    fn start(mut cmd: Command, scheme: &'static str, port: u16, dir: tempfile::TempDir) -> Peer {
+        let log = dir.path().join("peer.log");
+        let out = std::fs::File::create(&log).expect("peer log");
+        let err = out.try_clone().expect("peer log");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .env("TMPDIR", dir.path());
+        let child = cmd.spawn().expect("spawn Redfish peer");
+        let mut peer = Peer {
+            child,
+            addr: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            scheme,
+            log,
+            _dir: dir,
+        };
+        peer.wait_ready();
+        peer
+    }
+
+    /// Wait (bounded) until the peer answers TCP; fail with its log if it died.
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "Redfish peer exited with {status} before answering:\n{}",
+                    std::fs::read_to_string(&self.log).unwrap_or_default()
+                );
+            }
+            if std::net::TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Redfish peer did not listen on {} within 30 s:\n{}",
+                self.addr,
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The peer's output so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `sushy-static` serving `shared/redfish-mockups/<vendor>/redfish/v1`.
+pub fn sushy_static(vendor: &str) -> Peer {
+    let venv = venv();
+    let tree = shared()
+        .join("redfish-mockups")
+        .join(vendor)
+        .join("redfish/v1");
+    assert!(tree.is_dir(), "no mockup tree at {}", tree.display());
+    let port = free_port();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(venv.join("bin/sushy-static"));
+    cmd.arg("-i")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .arg("-m")
+        .arg(&tree);
+    Peer::start(cmd, "http", port, dir)
+}
+
+/// TLS material for a peer: a fresh self-signed certificate and its SHA-256 fingerprint.
+pub struct SelfSigned {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub fingerprint: String,
+}
+
+/// Make a self-signed certificate for 127.0.0.1 with `openssl`.
+pub fn self_signed(dir: &Path) -> SelfSigned {
+    let cert = dir.join("cert.pem");
+    let key = dir.join("key.pem");
+    let st = Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        ])
+        .args([
+            "-subj",
+            "/CN=bmc.test",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run openssl");
+    assert!(st.success(), "openssl req failed");
+    let out = Command::new("openssl")
+        .args(["x509", "-noout", "-fingerprint", "-sha256", "-in"])
+        .arg(&cert)
+        .output()
+        .expect("run openssl x509");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fingerprint = text
+        .trim()
+        .split_once('=')
+        .map(|(_, fp)| fp.to_string())
+        .expect("openssl fingerprint output");
+    SelfSigned {
+        cert,
+        key,
+        fingerprint,
+    }
+}
+
+/// How to start `sushy-emulator --fake`.
+pub struct EmulatorSetup {
+    /// Basic-auth user and password (an htpasswd file with a bcrypt entry).
+    pub auth: Option<(String, String)>,
+    /// Serve HTTPS with this certificate.
+    pub tls: bool,
+}
+
+/// A running emulator and, with TLS, its certificate fingerprint.
+pub struct Emulator {
+    pub peer: Peer,
+    pub fingerprint: Option<String>,
+}
+
+/// `sushy-emulator --fake` with its own state directory, an htpasswd file, and optionally TLS.
+pub fn sushy_emulator(setup: EmulatorSetup) -> Emulator {
+    let venv = venv();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).expect("state dir");
+    let mut config = format!(
+        "SUSHY_EMULATOR_STATE_DIR = {state:?}\n\
+         SUSHY_EMULATOR_FAKE_SYSTEMS = [{{\n\
+         \x20   'uuid': '27946b59-9e44-4fa7-8e91-f3527a1ef094',\n\
+         \x20   'name': 'fake',\n\
+         \x20   'power_state': 'Off',\n\
+         \x20   'external_notifier': False,\n\
+         \x20   'nics': [{{'mac': '00:5c:52:31:3a:9c', 'ip': '172.22.0.100'}}],\n\
+         }}]\n",
+        state = state.display().to_string()
+    );
+    if let Some((user, password)) = &setup.auth {
+        let out = Command::new(venv.join("bin/python"))
+            .args([
+                "-c",
+                "import bcrypt,sys; print(bcrypt.hashpw(sys.argv[1].encode(), bcrypt.gensalt(rounds=4)).decode())",
+                password,
+            ])
+            .output()
+            .expect("bcrypt via the venv python");
+        assert!(out.status.success(), "bcrypt failed: {out:?}");
+        let hash = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let htpasswd = dir.path().join("htpasswd");
+        std::fs::write(&htpasswd, format!("{user}:{hash}\n")).expect("htpasswd");
+        config.push_str(&format!(
+            "SUSHY_EMULATOR_AUTH_FILE = {:?}\n",
+            htpasswd.display().to_string()
+        ));
+    }
+    let mut fingerprint = None;
+    if setup.tls {
+        let ss = self_signed(dir.path());
+        config.push_str(&format!(
+            "SUSHY_EMULATOR_SSL_CERT = {:?}\nSUSHY_EMULATOR_SSL_KEY = {:?}\n",
+            ss.cert.display().to_string(),
+            ss.key.display().to_string()
+        ));
+        fingerprint = Some(ss.fingerprint);
+    }
+    let conf = dir.path().join("emulator.conf");
+    std::fs::write(&conf, config).expect("emulator config");
+    let port = free_port();
+    let mut cmd = Command::new(venv.join("bin/sushy-emulator"));
+    cmd.arg("--config")
+        .arg(&conf)
+        .arg("--fake")
+        .arg("-i")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string());
+    let scheme = if setup.tls { "https" } else { "http" };
+    Emulator {
+        peer: Peer::start(cmd, scheme, port, dir),
+        fingerprint,
+    }
+}
