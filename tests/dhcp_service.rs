@@ -1,0 +1,369 @@
+//! DHCP decisions against the real stores (SQLite and PostgreSQL): RFC 2131 request handling, NAKs,
+//! release and decline, relays with option 82, proxyDHCP, and two instances allocating from one
+//! PostgreSQL pool under contention without giving an address twice.
+
+mod support;
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use plinth::domain::dhcp::{Arch, BootClient, BootFiles, Ipv4Range, Subnet, SubnetMode};
+use plinth::domain::MacAddr;
+use plinth::service::dhcp::{
+    DhcpRequest, DhcpService, LeaseTiming, Outcome, ReplyKind, RequestKind,
+};
+use plinth::service::{InventoryStore, LeaseState, LeaseStore};
+use support::{Backend, TestDb};
+
+fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
+    Subnet {
+        net: net.parse().expect("net"),
+        mode,
+        server_ip: server.parse().expect("ip"),
+        pool: if pool.is_empty() {
+            vec![]
+        } else {
+            vec![pool.parse::<Ipv4Range>().expect("range")]
+        },
+        routers: vec![server.parse().expect("ip")],
+        dns: vec![],
+        ntp: vec![],
+        domain: None,
+        lease_seconds: 600,
+    }
+}
+
+fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
+    DhcpRequest {
+        kind,
+        mac: mac.parse().expect("mac"),
+        ciaddr: Ipv4Addr::UNSPECIFIED,
+        giaddr: Ipv4Addr::UNSPECIFIED,
+        requested_ip: None,
+        server_id: None,
+        client: BootClient::BiosPxe,
+        hostname: None,
+        circuit_id: None,
+        remote_id: None,
+        proxy_port: false,
+        local_ips: vec!["10.20.0.1".parse().expect("ip")],
+    }
+}
+
+async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
+    plinth::store::open(&plinth::store::StoreOptions {
+        url: db.url.clone(),
+        max_connections: 8,
+        migrate: true,
+    })
+    .await
+    .expect("store")
+}
+
+fn service(store: Arc<dyn InventoryStore>) -> DhcpService {
+    let leases: Arc<dyn LeaseStore> = store;
+    DhcpService::new(
+        leases,
+        vec![
+            subnet(
+                "10.20.0.0/24",
+                "10.20.0.1",
+                "10.20.0.100-10.20.0.109",
+                SubnetMode::Authoritative,
+            ),
+            subnet(
+                "10.30.0.0/24",
+                "10.20.0.1",
+                "10.30.0.10-10.30.0.20",
+                SubnetMode::Authoritative,
+            ),
+            subnet("10.40.0.0/24", "10.40.0.1", "", SubnetMode::Proxy),
+        ],
+        BootFiles {
+            http_base: "http://10.20.0.1:8080".into(),
+        },
+        LeaseTiming::default(),
+    )
+}
+
+fn reply(o: Outcome) -> plinth::service::dhcp::DhcpReply {
+    match o {
+        Outcome::Reply(r) => r,
+        Outcome::Silent(why) => panic!("no answer: {why}"),
+    }
+}
+
+async fn dora(svc: &DhcpService, mac: &str) -> Ipv4Addr {
+    let offer = reply(
+        svc.handle(&req(RequestKind::Discover, mac))
+            .await
+            .expect("discover"),
+    );
+    assert_eq!(offer.kind, ReplyKind::Offer);
+    let mut r = req(RequestKind::Request, mac);
+    r.requested_ip = Some(offer.yiaddr);
+    r.server_id = Some(offer.server_ip);
+    let ack = reply(svc.handle(&r).await.expect("request"));
+    assert_eq!(ack.kind, ReplyKind::Ack, "{ack:?}");
+    assert_eq!(ack.yiaddr, offer.yiaddr);
+    ack.yiaddr
+}
+
+async fn rfc2131_request_rules(b: Backend) {
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let svc = service(st.clone());
+    let a = dora(&svc, "52:54:00:20:00:01").await;
+    assert_eq!(a.to_string(), "10.20.0.100");
+    // The same client again gets the same address.
+    assert_eq!(dora(&svc, "52:54:00:20:00:01").await, a);
+
+    // INIT-REBOOT for an address on another network: NAK (RFC 2131 section 4.3.2).
+    let mut r = req(RequestKind::Request, "52:54:00:20:00:01");
+    r.requested_ip = Some("192.168.9.9".parse().expect("ip"));
+    let nak = reply(svc.handle(&r).await.expect("request"));
+    assert_eq!(nak.kind, ReplyKind::Nak);
+    // Another MAC asking for a bound address: NAK.
+    let mut r = req(RequestKind::Request, "52:54:00:20:00:02");
+    r.requested_ip = Some(a);
+    assert_eq!(
+        reply(svc.handle(&r).await.expect("request")).kind,
+        ReplyKind::Nak
+    );
+    // Outside the pool: NAK.
+    r.requested_ip = Some("10.20.0.5".parse().expect("ip"));
+    assert_eq!(
+        reply(svc.handle(&r).await.expect("request")).kind,
+        ReplyKind::Nak
+    );
+    // SELECTING another server's offer: silent, and our offer is freed.
+    let offer = reply(
+        svc.handle(&req(RequestKind::Discover, "52:54:00:20:00:03"))
+            .await
+            .expect("discover"),
+    );
+    let mut r = req(RequestKind::Request, "52:54:00:20:00:03");
+    r.requested_ip = Some("10.20.0.200".parse().expect("ip"));
+    r.server_id = Some("10.20.0.254".parse().expect("ip"));
+    assert_eq!(
+        svc.handle(&r).await.expect("request"),
+        Outcome::Silent("chose_other_server")
+    );
+    let l = st
+        .lease_by_ip(offer.yiaddr)
+        .await
+        .expect("lease")
+        .expect("row");
+    assert_eq!(l.state, LeaseState::Expired);
+    // RENEWING: ciaddr set, unicast answer, lease extended.
+    let mut r = req(RequestKind::Request, "52:54:00:20:00:01");
+    r.ciaddr = a;
+    let ack = reply(svc.handle(&r).await.expect("renew"));
+    assert_eq!((ack.kind, ack.yiaddr), (ReplyKind::Ack, a));
+    // RELEASE frees the address; DECLINE quarantines one.
+    let mut r = req(RequestKind::Release, "52:54:00:20:00:01");
+    r.ciaddr = a;
+    assert_eq!(
+        svc.handle(&r).await.expect("release"),
+        Outcome::Silent("released")
+    );
+    assert_eq!(
+        st.lease_by_ip(a).await.expect("l").expect("row").state,
+        LeaseState::Released
+    );
+    let b_ip = dora(&svc, "52:54:00:20:00:04").await;
+    let mut r = req(RequestKind::Decline, "52:54:00:20:00:04");
+    r.requested_ip = Some(b_ip);
+    assert_eq!(
+        svc.handle(&r).await.expect("decline"),
+        Outcome::Silent("declined")
+    );
+    let l = st.lease_by_ip(b_ip).await.expect("l").expect("row");
+    assert_eq!(l.state, LeaseState::Declined);
+    let next = dora(&svc, "52:54:00:20:00:04").await;
+    assert_ne!(
+        next, b_ip,
+        "a declined address is not handed out again during its quarantine"
+    );
+    // INFORM: configuration, no address, no lease time.
+    let mut r = req(RequestKind::Inform, "52:54:00:20:00:09");
+    r.ciaddr = "10.20.0.77".parse().expect("ip");
+    let ack = reply(svc.handle(&r).await.expect("inform"));
+    assert_eq!(
+        (ack.kind, ack.yiaddr, ack.lease_seconds),
+        (ReplyKind::Ack, Ipv4Addr::UNSPECIFIED, None)
+    );
+    db.drop_db().await;
+}
+
+async fn pool_exhaustion_and_reservations(b: Backend) {
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let svc = service(st.clone());
+    let mut got = Vec::new();
+    for i in 0..10 {
+        got.push(dora(&svc, &format!("52:54:00:21:00:{i:02x}")).await);
+    }
+    got.sort();
+    got.dedup();
+    assert_eq!(got.len(), 10);
+    assert_eq!(
+        svc.handle(&req(RequestKind::Discover, "52:54:00:21:00:ff"))
+            .await
+            .expect("d"),
+        Outcome::Silent("pool_exhausted")
+    );
+    db.drop_db().await;
+}
+
+async fn relayed_requests_record_option_82(b: Backend) {
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let svc = service(st.clone());
+    let mut d = req(RequestKind::Discover, "52:54:00:22:00:01");
+    d.giaddr = "10.30.0.1".parse().expect("ip");
+    d.local_ips = vec![];
+    d.circuit_id = Some(b"Gi1/0/7".to_vec());
+    d.remote_id = Some(b"leaf-12".to_vec());
+    let offer = reply(svc.handle(&d).await.expect("discover"));
+    assert!(
+        offer.yiaddr.to_string().starts_with("10.30.0."),
+        "{offer:?}"
+    );
+    let mut r = d.clone();
+    r.kind = RequestKind::Request;
+    r.requested_ip = Some(offer.yiaddr);
+    r.server_id = Some(offer.server_ip);
+    assert_eq!(
+        reply(svc.handle(&r).await.expect("request")).kind,
+        ReplyKind::Ack
+    );
+    let l = st.lease_by_ip(offer.yiaddr).await.expect("l").expect("row");
+    assert_eq!(
+        l.relay_circuit_id.as_deref(),
+        Some(hex_of(b"Gi1/0/7").as_str())
+    );
+    assert_eq!(
+        l.relay_remote_id.as_deref(),
+        Some(hex_of(b"leaf-12").as_str())
+    );
+    assert_eq!(l.giaddr.as_deref(), Some("10.30.0.1"));
+    // A relay for a network Plinth does not serve: silence.
+    d.giaddr = "172.31.0.1".parse().expect("ip");
+    assert_eq!(
+        svc.handle(&d).await.expect("d"),
+        Outcome::Silent("no_subnet")
+    );
+    db.drop_db().await;
+}
+
+fn hex_of(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn proxy_mode_answers_pxe_only(b: Backend) {
+    let db = TestDb::new(b).await;
+    let svc = service(store(&db).await);
+    let mut d = req(RequestKind::Discover, "52:54:00:23:00:01");
+    d.local_ips = vec!["10.40.0.1".parse().expect("ip")];
+    d.client = BootClient::UefiPxe(Arch::Amd64);
+    let offer = reply(svc.handle(&d).await.expect("discover"));
+    assert_eq!(
+        offer.yiaddr,
+        Ipv4Addr::UNSPECIFIED,
+        "proxyDHCP never hands out an address"
+    );
+    assert!(offer.pxe_vendor);
+    assert_eq!(
+        offer.boot.as_ref().map(|b| b.file.as_str()),
+        Some("ipxe.efi")
+    );
+    assert_eq!(offer.lease_seconds, None);
+    // The REQUEST on port 4011 gets the ACK with the boot file.
+    let mut r = d.clone();
+    r.kind = RequestKind::Request;
+    r.proxy_port = true;
+    r.ciaddr = "10.40.0.33".parse().expect("ip");
+    let ack = reply(svc.handle(&r).await.expect("request"));
+    assert_eq!(
+        (ack.kind, ack.yiaddr),
+        (ReplyKind::Ack, Ipv4Addr::UNSPECIFIED)
+    );
+    // Not a PXE client: the real DHCP server's business.
+    d.client = BootClient::Plain;
+    assert_eq!(
+        svc.handle(&d).await.expect("d"),
+        Outcome::Silent("proxy_not_pxe")
+    );
+    // A REQUEST on 67 in proxy mode is the address server's.
+    let mut r67 = req(RequestKind::Request, "52:54:00:23:00:01");
+    r67.local_ips = vec!["10.40.0.1".parse().expect("ip")];
+    r67.client = BootClient::UefiPxe(Arch::Amd64);
+    r67.requested_ip = Some("10.40.0.33".parse().expect("ip"));
+    assert_eq!(
+        svc.handle(&r67).await.expect("r"),
+        Outcome::Silent("proxy_not_ours")
+    );
+    db.drop_db().await;
+}
+
+both_backends!(
+    rfc2131_request_rules,
+    pool_exhaustion_and_reservations,
+    relayed_requests_record_option_82,
+    proxy_mode_answers_pxe_only,
+);
+
+/// Two Plinth instances (two services, two pools of connections) on one PostgreSQL, 60 clients
+/// racing for a 10-address pool: every address is ACKed to exactly one MAC, and the database
+/// agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_instances_on_postgres_never_share_an_address() {
+    let db = TestDb::new(Backend::Postgres).await;
+    let a = Arc::new(service(store(&db).await));
+    let b = Arc::new(service(store(&db).await));
+    let mut tasks = Vec::new();
+    for i in 0..60u32 {
+        let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let other = if i % 2 == 0 { b.clone() } else { a.clone() };
+        tasks.push(tokio::spawn(async move {
+            let mac = format!("52:54:00:24:{:02x}:{:02x}", i >> 8, i & 255);
+            let mut d = req(RequestKind::Discover, &mac);
+            d.local_ips = vec!["10.20.0.1".parse().expect("ip")];
+            let offer = match svc.handle(&d).await.expect("discover") {
+                Outcome::Reply(r) => r,
+                Outcome::Silent(_) => return None,
+            };
+            // Half the clients send their REQUEST to the other instance (it shares the database).
+            let mut r = req(RequestKind::Request, &mac);
+            r.requested_ip = Some(offer.yiaddr);
+            r.server_id = Some(offer.server_ip);
+            match other.handle(&r).await.expect("request") {
+                Outcome::Reply(ack) if ack.kind == ReplyKind::Ack => Some((mac, ack.yiaddr)),
+                _ => None,
+            }
+        }));
+    }
+    let mut acked: Vec<(String, Ipv4Addr)> = Vec::new();
+    for t in tasks {
+        if let Some(x) = t.await.expect("join") {
+            acked.push(x);
+        }
+    }
+    let mut ips: Vec<Ipv4Addr> = acked.iter().map(|(_, ip)| *ip).collect();
+    ips.sort();
+    ips.dedup();
+    assert_eq!(
+        ips.len(),
+        acked.len(),
+        "an address was ACKed to two MACs: {acked:?}"
+    );
+    assert_eq!(acked.len(), 10, "the whole pool is handed out, once each");
+    let st = store(&db).await;
+    for (mac, ip) in &acked {
+        let l = st.lease_by_ip(*ip).await.expect("lease").expect("row");
+        assert_eq!(l.mac, mac.parse::<MacAddr>().expect("mac"));
+        assert_eq!(l.state, LeaseState::Bound);
+    }
+    db.drop_db().await;
+}
