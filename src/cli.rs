@@ -46,6 +46,106 @@ pub enum Command {
     SecretKey,
     /// Register and manage machines through the API of a running server.
     Machine(Box<MachineArgs>),
+    /// Manage the Talos image cache in the data directory (no server needed).
+    #[command(subcommand)]
+    Image(ImageCommand),
+}
+
+/// `plinth image ...`.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a kernel and initramfs (air-gapped sites): verified, written atomically.
+    Import {
+        /// Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        version: String,
+        /// amd64 or arm64.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
+        /// Image Factory schematic id (default: the vanilla schematic).
+        #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
+        schematic: String,
+        /// Kernel file.
+        #[arg(long)]
+        kernel: PathBuf,
+        /// Initramfs file.
+        #[arg(long)]
+        initramfs: PathBuf,
+    },
+    /// List cached images.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a cached version.
+    Rm {
+        /// Talos version.
+        #[arg(long)]
+        version: String,
+        /// Schematic id (default: vanilla).
+        #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
+        schematic: String,
+    },
+}
+
+/// Run `plinth image ...` against the cache of a data directory.
+pub fn image(cache: &crate::images::ImageCache, cmd: ImageCommand) -> anyhow::Result<()> {
+    use crate::domain::dhcp::Arch;
+    use crate::images::{initramfs_name, kernel_name};
+    match cmd {
+        ImageCommand::Import {
+            version,
+            arch,
+            schematic,
+            kernel,
+            initramfs,
+        } => {
+            let arch = match arch.as_str() {
+                "amd64" | "x86_64" => Arch::Amd64,
+                "arm64" | "aarch64" => Arch::Arm64,
+                other => bail!("--arch: `{other}` is not amd64 or arm64"),
+            };
+            for (name, src) in [
+                (kernel_name(arch), &kernel),
+                (initramfs_name(arch), &initramfs),
+            ] {
+                let f = cache.import(&schematic, &version, &name, src)?;
+                say(format!(
+                    "imported {}/{}/{} ({} bytes, sha256 {})",
+                    f.schematic, f.version, f.name, f.size, f.sha256
+                ));
+            }
+        }
+        ImageCommand::List { json } => {
+            let files = cache.list();
+            if json {
+                say(serde_json::to_string_pretty(&files)?);
+            } else {
+                let mut t = Table::new();
+                t.load_preset(UTF8_BORDERS_ONLY);
+                t.set_header(["SCHEMATIC", "VERSION", "FILE", "BYTES", "SHA256"]);
+                for f in &files {
+                    t.add_row([
+                        f.schematic.clone(),
+                        f.version.clone(),
+                        f.name.clone(),
+                        f.size.to_string(),
+                        f.sha256.clone(),
+                    ]);
+                }
+                say(&t);
+            }
+        }
+        ImageCommand::Rm { version, schematic } => {
+            let n = cache.remove(&schematic, &version)?;
+            if n == 0 {
+                bail!("no cached files for {schematic}/{version}");
+            }
+            say(format!("removed {n} file(s) of {schematic}/{version}"));
+        }
+    }
+    Ok(())
 }
 
 /// `plinth token ...`.

@@ -114,6 +114,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
+        Command::Image(cmd) => {
+            let config = load()?;
+            plinth::cli::image(
+                &plinth::images::ImageCache::new(config.data_dir.join("images")),
+                cmd,
+            )
+        }
     }
 }
 
