@@ -243,6 +243,16 @@ pub enum MachineCommand {
         #[arg(long)]
         file: Option<PathBuf>,
     },
+    /// Move a machine along its lifecycle, e.g. accept a discovered one: `state NAME registered`.
+    State {
+        /// The machine.
+        machine: String,
+        /// discovered, registered, inspecting, ready, provisioning, installed, failed, maintenance.
+        state: String,
+        /// Why (required for failed).
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Remove a machine.
     Rm {
         /// The machine.
@@ -815,6 +825,22 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
                     api.req(Method::PATCH, &format!("/machines/{id}"))
                         .header(reqwest::header::IF_MATCH, format!("\"{version}\""))
                         .json(&patch),
+                )
+                .await?;
+            emit(args.json, &m, print_machine);
+        }
+        MachineCommand::State {
+            machine,
+            state,
+            reason,
+        } => {
+            let (version, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, m) = api
+                .send(
+                    api.req(Method::POST, &format!("/machines/{id}/state"))
+                        .header(reqwest::header::IF_MATCH, format!("\"{version}\""))
+                        .json(&json!({"state": state, "reason": reason})),
                 )
                 .await?;
             emit(args.json, &m, print_machine);

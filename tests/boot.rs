@@ -260,6 +260,42 @@ async fn boot_scripts_discover_unknown_machines() {
         "{text}"
     );
     assert!(text.contains("sleep 60"));
+    // Accepted, provisioned and installed: a network boot goes to the local disk, never reinstalls.
+    let id = m["id"].as_str().expect("id").to_string();
+    for to in ["registered", "ready", "provisioning"] {
+        let r = s
+            .req(
+                Method::POST,
+                &format!("/api/v1/machines/{id}/state"),
+                &s.operator,
+            )
+            .json(&serde_json::json!({"state": to}))
+            .send()
+            .await
+            .expect("state");
+        assert_eq!(r.status(), StatusCode::OK, "{to}");
+    }
+    let text = get(&s, q).await.text().await.expect("t");
+    assert!(
+        text.contains("no Talos image and machine config are ready"),
+        "{text}"
+    );
+    let r = s
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &s.operator,
+        )
+        .json(&serde_json::json!({"state": "installed"}))
+        .send()
+        .await
+        .expect("state");
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = get(&s, q).await.text().await.expect("t");
+    assert!(
+        text.contains("booting from the local disk\nexit\n"),
+        "{text}"
+    );
     // No MAC: a clear refusal, not a panic.
     assert_eq!(
         get(&s, "/boot/machine.ipxe?uuid=x").await.status(),

@@ -7,6 +7,7 @@
 pub mod boot;
 pub mod dhcp;
 pub mod import;
+pub mod lifecycle;
 pub mod mac;
 pub mod machine;
 pub mod validate;

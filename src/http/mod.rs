@@ -50,6 +50,10 @@ pub fn router(state: AppState) -> Router {
                 .patch(machines::update)
                 .delete(machines::remove),
         )
+        .route(
+            "/machines/{id}/state",
+            axum::routing::post(machines::set_state),
+        )
         .route("/events", get(machines::events))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))

@@ -28,13 +28,13 @@ impl Modify for Bearer {
     paths(
         super::healthz,
         machines::create, machines::show, machines::update, machines::remove, machines::list,
-        machines::lookup, machines::import, machines::events,
+        machines::lookup, machines::import, machines::events, machines::set_state,
         tokens::create, tokens::list, tokens::revoke,
     ),
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
         MachineId, MachinePage, MachineRef, Conflict, RowError, FieldError, Event, ErrorBody, ErrorEnvelope,
-        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult,
+        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
     )),
     modifiers(&Bearer),
 )]
