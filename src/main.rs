@@ -114,6 +114,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
+        Command::Cluster(cmd) => plinth::cli::cluster(cmd),
         Command::Image(cmd) => {
             let config = load()?;
             plinth::cli::image(
