@@ -52,6 +52,108 @@ pub enum Command {
     /// Talos clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Talos machine configs: patch and validate files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `plinth config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Apply patches to a machine config file and print the result, as `talosctl machineconfig
+    /// patch` does: strategic merge patches (typed merge rules, `$patch: delete`) or RFC 6902 JSON
+    /// patches (refused on multi-document configs, as Talos does).
+    Patch {
+        /// The machine config (multi-document YAML).
+        file: PathBuf,
+        /// A patch: `@FILE` or inline YAML/JSON; repeat to apply several in order.
+        #[arg(long = "patch", short = 'p', required = true)]
+        patches: Vec<String>,
+        /// Write here instead of stdout.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+    },
+    /// Validate a machine config against the Talos JSON schema of its version and Talos's own rules.
+    Validate {
+        /// The machine config.
+        file: PathBuf,
+        /// Target Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        version: String,
+        /// The JSON schema of that version (config.schema.json from the Talos release).
+        #[arg(long)]
+        schema: PathBuf,
+    },
+}
+
+/// Run `plinth config ...`.
+pub fn config(cmd: ConfigCommand) -> anyhow::Result<()> {
+    use crate::talos::{patch, validate, MachineConfig, TalosVersion};
+    match cmd {
+        ConfigCommand::Patch {
+            file,
+            patches,
+            output,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let cfg = MachineConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            let mut loaded = Vec::new();
+            for p in &patches {
+                let patch = match p.strip_prefix('@') {
+                    Some(path) => patch::load_patch_file(std::path::Path::new(path))
+                        .with_context(|| format!("patch {path}"))?,
+                    None => patch::load_patch(p).context("inline patch")?,
+                };
+                loaded.push(patch);
+            }
+            let out = patch::apply(&cfg, &loaded)?.to_yaml()?;
+            match output {
+                Some(o) => std::fs::write(&o, out)
+                    .with_context(|| format!("cannot write {}", o.display()))?,
+                None => say(out.trim_end()),
+            }
+        }
+        ConfigCommand::Validate {
+            file,
+            version,
+            schema,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let cfg = MachineConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            let version: TalosVersion = version
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--version: {e}"))?;
+            match validate::validate_with_schema_file(&cfg, &schema, version) {
+                Ok(warnings) => {
+                    for w in &warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    say(format!(
+                        "{}: valid for Talos {version} ({} warning(s))",
+                        file.display(),
+                        warnings.len()
+                    ));
+                }
+                Err(validate::ValidateError::Invalid(report)) => {
+                    for w in &report.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    for e in &report.errors {
+                        eprintln!("error: {e}");
+                    }
+                    bail!(
+                        "{}: {} error(s); this config would not be served",
+                        file.display(),
+                        report.errors.len()
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `plinth cluster ...`.

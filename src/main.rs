@@ -115,6 +115,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
         Command::Cluster(cmd) => plinth::cli::cluster(cmd),
+        Command::Config(cmd) => plinth::cli::config(cmd),
         Command::Image(cmd) => {
             let config = load()?;
             plinth::cli::image(
