@@ -44,13 +44,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry(&config);
             let running = plinth::app::spawn(&config).await?;
             let addr = running.http_addr;
-            let dhcp = if running.dhcp.is_empty() {
-                "off".to_string()
+            let dhcp = if running.dhcp.is_empty() { "off".to_string() } else { running.dhcp.join(", ") };
+            let tftp = running.tftp_addr.map_or_else(|| "off".to_string(), |a| a.to_string());
+            let boots = if running.bootable.is_empty() {
+                format!("none (no iPXE binaries in {})", config.ipxe_dir.display())
             } else {
-                running.dhcp.join(", ")
+                running.bootable.join(", ")
             };
             eprintln!(
-                "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics); database {}; DHCP {dhcp}; TFTP off",
+                "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics, /boot.ipxe); database {}; \
+                 DHCP {dhcp}; TFTP {tftp}; network-boots {boots}",
                 plinth::store::redact_url(&config.database_url)
             );
             tracing::info!(http = %addr, "plinth started");
