@@ -114,6 +114,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
+        Command::Bmc(args) => plinth::cli_bmc::bmc(args).await,
     }
 }
 
