@@ -422,6 +422,11 @@ async fn emulator_power_boot_media_through_api_and_cli() {
         assert_eq!(e["detail"]["result"], "ok", "{e}");
     }
     assert_eq!(power[1]["detail"]["action"], "off");
+    let refused = ev
+        .iter()
+        .find(|e| e["kind"] == "bmc.boot_once" && e["detail"]["result"] == "failed")
+        .expect("the refused boot override is an event");
+    assert_eq!(refused["detail"]["actual"]["target"], "Pxe", "{refused}");
 
     // A wrong password is the BMC refusing, said as such; the record of it holds no password.
     let (st, v) = call(
@@ -765,6 +770,33 @@ async fn unreachable_bmc_is_recorded_not_fatal(b: Backend) {
     )
     .await;
     assert_eq!(st, StatusCode::BAD_GATEWAY, "{v}");
+
+    // The API description names the BMC endpoints.
+    let (st, doc) = call(
+        &s,
+        &seen,
+        Method::GET,
+        "/api/v1/openapi.json",
+        &s.viewer,
+        None,
+    )
+    .await;
+    assert_eq!(st, StatusCode::OK);
+    for path in [
+        "power",
+        "boot-once",
+        "media",
+        "inspect",
+        "bmc/capabilities",
+        "bmc/probe",
+    ] {
+        assert!(
+            doc["paths"]
+                .get(format!("/api/v1/machines/{{id}}/{path}"))
+                .is_some(),
+            "{path}"
+        );
+    }
 
     // A machine without a BMC.
     ok(
