@@ -24,6 +24,10 @@ pub struct Running {
     pub http_addr: SocketAddr,
     /// Where DHCP listens (`interface:port`), empty when off.
     pub dhcp: Vec<String>,
+    /// Where TFTP listens, when on.
+    pub tftp_addr: Option<SocketAddr>,
+    /// Architectures the iPXE binaries found can boot (e.g. `bios`, `uefi-x86_64`).
+    pub bootable: Vec<String>,
     /// Cancel to shut everything down.
     pub shutdown: CancellationToken,
     tasks: JoinSet<anyhow::Result<()>>,
@@ -107,6 +111,20 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     f.sync_all()
 }
 
+/// Which firmware the iPXE binaries in `dir` can boot.
+pub fn bootable_arches(dir: &std::path::Path) -> Vec<String> {
+    [
+        ("undionly.kpxe", "bios"),
+        ("ipxe.efi", "uefi-x86_64"),
+        ("snponly.efi", "uefi-x86_64-snp"),
+        ("ipxe-arm64.efi", "uefi-arm64"),
+    ]
+    .iter()
+    .filter(|(f, _)| dir.join(f).is_file())
+    .map(|(_, a)| (*a).to_string())
+    .collect()
+}
+
 /// Bind the DHCP sockets a configuration asks for (before anything is served).
 fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
     let ifaces: Vec<Option<&str>> = if d.interfaces.is_empty() {
@@ -143,6 +161,21 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         Some(d) => bind_dhcp(d)?,
         None => Vec::new(),
     };
+    let tftp_socket = match &config.tftp {
+        Some(t) => Some(std::net::UdpSocket::bind(t.listen).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::PermissionDenied {
+                anyhow::anyhow!(
+                    "cannot bind TFTP {}: ports below 1024 need root or CAP_NET_BIND_SERVICE \
+                     (`setcap cap_net_bind_service=+ep $(command -v plinth)`)",
+                    t.listen
+                )
+            } else {
+                anyhow::anyhow!("cannot bind TFTP {} (tftp.listen): {e}", t.listen)
+            }
+        })?),
+        None => None,
+    };
+    let tftp_addr = tftp_socket.as_ref().and_then(|s| s.local_addr().ok());
     let listener = tokio::net::TcpListener::bind(config.http_listen)
         .await
         .with_context(|| format!("cannot listen on {} (http.listen)", config.http_listen))?;
@@ -178,24 +211,43 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         store.clone(),
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
+    if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
+        let opts = crate::tftp::TftpOptions {
+            max_block_size: t.max_block_size,
+            max_window_size: t.max_window_size,
+        };
+        let (root, m, stop) = (config.ipxe_dir.clone(), metrics.clone(), shutdown.clone());
+        tasks.spawn(async move { crate::tftp::serve(sock, root, opts, m, stop).await });
+    }
+    let bootable = bootable_arches(&config.ipxe_dir);
     let state = AppState {
         inventory,
         tokens: Tokens::new(store),
         bmc,
         metrics,
         max_body_bytes: config.max_body_bytes,
+        boot: Arc::new(http::BootSettings {
+            public_url: config.boot_public_url.clone(),
+            ipxe_dir: Some(config.ipxe_dir.clone()),
+            images: crate::images::ImageCache::new(config.data_dir.join("images")),
+        }),
     };
     let router = http::router(state);
     let stop = shutdown.clone();
     tasks.spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .context("HTTP server")
+        axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .context("HTTP server")
     });
     Ok(Running {
         http_addr,
         dhcp,
+        tftp_addr,
+        bootable,
         shutdown,
         tasks,
     })

@@ -49,6 +49,265 @@ pub enum Command {
     Machine(Box<MachineArgs>),
     /// Drive a machine's BMC (power, one-time boot, virtual media) through the API.
     Bmc(Box<crate::cli_bmc::BmcArgs>),
+    /// Manage the Talos image cache in the data directory (no server needed).
+    #[command(subcommand)]
+    Image(ImageCommand),
+    /// Talos clusters.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Talos machine configs: patch and validate files.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+/// `plinth config ...`.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Apply patches to a machine config file and print the result, as `talosctl machineconfig
+    /// patch` does: strategic merge patches (typed merge rules, `$patch: delete`) or RFC 6902 JSON
+    /// patches (refused on multi-document configs, as Talos does).
+    Patch {
+        /// The machine config (multi-document YAML).
+        file: PathBuf,
+        /// A patch: `@FILE` or inline YAML/JSON; repeat to apply several in order.
+        #[arg(long = "patch", short = 'p', required = true)]
+        patches: Vec<String>,
+        /// Write here instead of stdout.
+        #[arg(long, short = 'o')]
+        output: Option<PathBuf>,
+    },
+    /// Validate a machine config against the Talos JSON schema of its version and Talos's own rules.
+    Validate {
+        /// The machine config.
+        file: PathBuf,
+        /// Target Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        version: String,
+        /// The JSON schema of that version (config.schema.json from the Talos release).
+        #[arg(long)]
+        schema: PathBuf,
+    },
+}
+
+/// Run `plinth config ...`.
+pub fn config(cmd: ConfigCommand) -> anyhow::Result<()> {
+    use crate::talos::{patch, validate, MachineConfig, TalosVersion};
+    match cmd {
+        ConfigCommand::Patch {
+            file,
+            patches,
+            output,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let cfg = MachineConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            let mut loaded = Vec::new();
+            for p in &patches {
+                let patch = match p.strip_prefix('@') {
+                    Some(path) => patch::load_patch_file(std::path::Path::new(path))
+                        .with_context(|| format!("patch {path}"))?,
+                    None => patch::load_patch(p).context("inline patch")?,
+                };
+                loaded.push(patch);
+            }
+            let out = patch::apply(&cfg, &loaded)?.to_yaml()?;
+            match output {
+                Some(o) => std::fs::write(&o, out)
+                    .with_context(|| format!("cannot write {}", o.display()))?,
+                None => say(out.trim_end()),
+            }
+        }
+        ConfigCommand::Validate {
+            file,
+            version,
+            schema,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let cfg = MachineConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            let version: TalosVersion = version
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--version: {e}"))?;
+            match validate::validate_with_schema_file(&cfg, &schema, version) {
+                Ok(warnings) => {
+                    for w in &warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    say(format!(
+                        "{}: valid for Talos {version} ({} warning(s))",
+                        file.display(),
+                        warnings.len()
+                    ));
+                }
+                Err(validate::ValidateError::Invalid(report)) => {
+                    for w in &report.warnings {
+                        eprintln!("warning: {w}");
+                    }
+                    for e in &report.errors {
+                        eprintln!("error: {e}");
+                    }
+                    bail!(
+                        "{}: {} error(s); this config would not be served",
+                        file.display(),
+                        report.errors.len()
+                    );
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `plinth cluster ...`.
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// Generate a new cluster secrets bundle natively (as `talosctl gen secrets` does) into a file
+    /// readable only by its owner. Keep it out of Git.
+    Init {
+        /// Cluster name.
+        name: String,
+        /// Control-plane endpoint, e.g. https://10.0.0.10:6443.
+        #[arg(long)]
+        endpoint: String,
+        /// Where to write the bundle (refuses to overwrite).
+        #[arg(long)]
+        out: PathBuf,
+    },
+}
+
+/// Run `plinth cluster ...`.
+pub fn cluster(cmd: ClusterCommand) -> anyhow::Result<()> {
+    match cmd {
+        ClusterCommand::Init {
+            name,
+            endpoint,
+            out,
+        } => {
+            crate::domain::machine::check_hostname(&name)
+                .map_err(|e| anyhow::anyhow!("cluster name: {e}"))?;
+            let rest = endpoint
+                .strip_prefix("https://")
+                .ok_or_else(|| anyhow::anyhow!("--endpoint: `{endpoint}` must be an https:// URL such as https://10.0.0.10:6443"))?;
+            if rest.split('/').next().is_none_or(str::is_empty) {
+                bail!("--endpoint: `{endpoint}` has no host");
+            }
+            let bundle = crate::talos::secrets::SecretsBundle::generate()?;
+            let yaml = bundle.to_yaml()?;
+            let mut opts = std::fs::OpenOptions::new();
+            opts.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                opts.mode(0o600);
+            }
+            let mut f = opts.open(&out).with_context(|| {
+                format!("cannot create {} (it must not exist yet)", out.display())
+            })?;
+            use std::io::Write as _;
+            f.write_all(yaml.as_bytes())?;
+            f.sync_all()?;
+            eprintln!("secrets bundle for cluster {name} ({endpoint}) written to {} (mode 0600); keep it out of Git", out.display());
+        }
+    }
+    Ok(())
+}
+
+/// `plinth image ...`.
+#[derive(Debug, Subcommand)]
+pub enum ImageCommand {
+    /// Import a kernel and initramfs (air-gapped sites): verified, written atomically.
+    Import {
+        /// Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        version: String,
+        /// amd64 or arm64.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
+        /// Image Factory schematic id (default: the vanilla schematic).
+        #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
+        schematic: String,
+        /// Kernel file.
+        #[arg(long)]
+        kernel: PathBuf,
+        /// Initramfs file.
+        #[arg(long)]
+        initramfs: PathBuf,
+    },
+    /// List cached images.
+    List {
+        /// JSON output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a cached version.
+    Rm {
+        /// Talos version.
+        #[arg(long)]
+        version: String,
+        /// Schematic id (default: vanilla).
+        #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
+        schematic: String,
+    },
+}
+
+/// Run `plinth image ...` against the cache of a data directory.
+pub fn image(cache: &crate::images::ImageCache, cmd: ImageCommand) -> anyhow::Result<()> {
+    use crate::domain::dhcp::Arch;
+    use crate::images::{initramfs_name, kernel_name};
+    match cmd {
+        ImageCommand::Import {
+            version,
+            arch,
+            schematic,
+            kernel,
+            initramfs,
+        } => {
+            let arch = match arch.as_str() {
+                "amd64" | "x86_64" => Arch::Amd64,
+                "arm64" | "aarch64" => Arch::Arm64,
+                other => bail!("--arch: `{other}` is not amd64 or arm64"),
+            };
+            for (name, src) in [
+                (kernel_name(arch), &kernel),
+                (initramfs_name(arch), &initramfs),
+            ] {
+                let f = cache.import(&schematic, &version, &name, src)?;
+                say(format!(
+                    "imported {}/{}/{} ({} bytes, sha256 {})",
+                    f.schematic, f.version, f.name, f.size, f.sha256
+                ));
+            }
+        }
+        ImageCommand::List { json } => {
+            let files = cache.list();
+            if json {
+                say(serde_json::to_string_pretty(&files)?);
+            } else {
+                let mut t = Table::new();
+                t.load_preset(UTF8_BORDERS_ONLY);
+                t.set_header(["SCHEMATIC", "VERSION", "FILE", "BYTES", "SHA256"]);
+                for f in &files {
+                    t.add_row([
+                        f.schematic.clone(),
+                        f.version.clone(),
+                        f.name.clone(),
+                        f.size.to_string(),
+                        f.sha256.clone(),
+                    ]);
+                }
+                say(&t);
+            }
+        }
+        ImageCommand::Rm { version, schematic } => {
+            let n = cache.remove(&schematic, &version)?;
+            if n == 0 {
+                bail!("no cached files for {schematic}/{version}");
+            }
+            say(format!("removed {n} file(s) of {schematic}/{version}"));
+        }
+    }
+    Ok(())
 }
 
 /// `plinth token ...`.
@@ -151,6 +410,16 @@ pub enum MachineCommand {
     Inspect {
         /// The machine.
         machine: String,
+    },
+    /// Move a machine along its lifecycle, e.g. accept a discovered one: `state NAME registered`.
+    State {
+        /// The machine.
+        machine: String,
+        /// discovered, registered, inspecting, ready, provisioning, installed, failed, maintenance.
+        state: String,
+        /// Why (required for failed).
+        #[arg(long)]
+        reason: Option<String>,
     },
     /// Remove a machine.
     Rm {
@@ -730,6 +999,22 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
         }
         MachineCommand::Inspect { machine } => {
             crate::cli_bmc::inspect(&api, &machine, args.json).await?;
+        }
+        MachineCommand::State {
+            machine,
+            state,
+            reason,
+        } => {
+            let (version, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, m) = api
+                .send(
+                    api.req(Method::POST, &format!("/machines/{id}/state"))
+                        .header(reqwest::header::IF_MATCH, format!("\"{version}\""))
+                        .json(&json!({"state": state, "reason": reason})),
+                )
+                .await?;
+            emit(args.json, &m, print_machine);
         }
         MachineCommand::Rm { machine } => {
             let (version, m) = api.get_machine(&machine).await?;

@@ -57,6 +57,36 @@ pub struct RawConfig {
     /// `[dhcp]`.
     #[serde(default)]
     pub dhcp: RawDhcp,
+    /// `[boot]`.
+    #[serde(default)]
+    pub boot: RawBoot,
+    /// `[tftp]`.
+    #[serde(default)]
+    pub tftp: RawTftp,
+}
+
+/// `[boot]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBoot {
+    /// How booting machines reach Plinth's HTTP front door, e.g. `http://10.0.0.1:8080`.
+    pub public_url: Option<String>,
+    /// Directory with the iPXE binaries (`undionly.kpxe`, `ipxe.efi`, `snponly.efi`, `ipxe-arm64.efi`).
+    pub ipxe_dir: Option<PathBuf>,
+}
+
+/// `[tftp]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTftp {
+    /// Serve TFTP.
+    pub enabled: Option<bool>,
+    /// `IP:PORT` (default `0.0.0.0:69`).
+    pub listen: Option<String>,
+    /// Largest block size granted (RFC 2348), 512-65464.
+    pub max_block_size: Option<u16>,
+    /// Largest window granted (RFC 7440), 1-64.
+    pub max_window_size: Option<u16>,
 }
 
 /// `[dhcp]`.
@@ -202,7 +232,27 @@ pub struct Config {
     pub log_level: String,
     /// DHCP, when enabled.
     pub dhcp: Option<DhcpConfig>,
+    /// Boot URL (`[boot].public_url`).
+    pub boot_public_url: Option<String>,
+    /// iPXE binaries directory.
+    pub ipxe_dir: PathBuf,
+    /// TFTP, when enabled.
+    pub tftp: Option<TftpConfig>,
 }
+
+/// Validated `[tftp]`.
+#[derive(Debug, Clone)]
+pub struct TftpConfig {
+    /// Listen address.
+    pub listen: SocketAddr,
+    /// Largest block size.
+    pub max_block_size: u16,
+    /// Largest window.
+    pub max_window_size: u16,
+}
+
+/// Where Debian's `ipxe` package puts the binaries.
+pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 
 /// Validated `[dhcp]`.
 #[derive(Debug, Clone)]
@@ -470,9 +520,65 @@ impl RawConfig {
                 ),
             ));
         }
-        let dhcp = self.dhcp.validate()?;
+        let boot_public_url = self
+            .boot
+            .public_url
+            .map(|u| u.trim_end_matches('/').to_string());
+        if let Some(u) = &boot_public_url {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(ConfigError::new(
+                    "boot.public_url",
+                    format!("`{u}` must start with http:// (iPXE fetches from it)"),
+                ));
+            }
+        }
+        let mut raw_dhcp = self.dhcp;
+        if raw_dhcp.boot_url.is_none() {
+            raw_dhcp.boot_url = boot_public_url.clone();
+        }
+        let dhcp = raw_dhcp.validate()?;
+        let ipxe_dir = self
+            .boot
+            .ipxe_dir
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR));
+        let tftp = if self.tftp.enabled.unwrap_or(false) {
+            let listen = parse_addr(
+                "tftp.listen",
+                self.tftp.listen.as_deref().unwrap_or("0.0.0.0:69"),
+            )?;
+            let max_block_size = self.tftp.max_block_size.unwrap_or(1468);
+            if !(512..=65464).contains(&max_block_size) {
+                return Err(ConfigError::new(
+                    "tftp.max_block_size",
+                    "must be between 512 and 65464 (RFC 2348)",
+                ));
+            }
+            let max_window_size = self.tftp.max_window_size.unwrap_or(16);
+            if !(1..=64).contains(&max_window_size) {
+                return Err(ConfigError::new(
+                    "tftp.max_window_size",
+                    "must be between 1 and 64",
+                ));
+            }
+            if !ipxe_dir.is_dir() {
+                return Err(ConfigError::new(
+                    "boot.ipxe_dir",
+                    format!("{} is not a directory: install Debian's `ipxe` package or run ipxe/fetch.sh, or set boot.ipxe_dir", ipxe_dir.display()),
+                ));
+            }
+            Some(TftpConfig {
+                listen,
+                max_block_size,
+                max_window_size,
+            })
+        } else {
+            None
+        };
         Ok(Config {
             dhcp,
+            boot_public_url,
+            ipxe_dir,
+            tftp,
             data_dir,
             database_url: url,
             dialect,

@@ -115,6 +115,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
         Command::Bmc(args) => plinth::cli_bmc::bmc(args).await,
+        Command::Cluster(cmd) => plinth::cli::cluster(cmd),
+        Command::Config(cmd) => plinth::cli::config(cmd),
+        Command::Image(cmd) => {
+            let config = load()?;
+            plinth::cli::image(
+                &plinth::images::ImageCache::new(config.data_dir.join("images")),
+                cmd,
+            )
+        }
     }
 }
 

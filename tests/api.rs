@@ -827,7 +827,102 @@ async fn health_metrics_openapi(b: Backend) {
     s.finish().await;
 }
 
+async fn lifecycle_transitions(b: Backend) {
+    let s = TestServer::start(b).await;
+    let m = create(&s, &machine("life", "52:54:00:50:00:01")).await;
+    let id = m["id"].as_str().expect("id").to_string();
+    let post = |body: Value| {
+        s.req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &s.operator,
+        )
+        .json(&body)
+        .send()
+    };
+    // Not allowed: registered -> installed. The answer names the current state and the way on.
+    let r = post(json!({"state": "installed"})).await.expect("send");
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    let e: Value = r.json().await.expect("json");
+    let msg = e["error"]["message"].as_str().expect("msg");
+    assert!(
+        msg.contains("a registered machine cannot become installed") && msg.contains("ready"),
+        "{msg}"
+    );
+    // The same state again changes nothing.
+    let r = post(json!({"state": "registered"})).await.expect("send");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.expect("json")["version"], 1);
+    for (to, version) in [("ready", 2), ("provisioning", 3), ("installed", 4)] {
+        let r = post(json!({"state": to})).await.expect("send");
+        assert_eq!(r.status(), StatusCode::OK, "{to}");
+        let m: Value = r.json().await.expect("json");
+        assert_eq!(
+            (m["state"].as_str(), m["version"].as_i64()),
+            (Some(to), Some(version))
+        );
+    }
+    // failed needs a reason; with one it is kept.
+    let r = post(json!({"state": "failed"})).await.expect("send");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let r = post(json!({"state": "failed", "reason": "disk /dev/nvme0n1 gone"}))
+        .await
+        .expect("send");
+    let m: Value = r.json().await.expect("json");
+    assert_eq!(m["state_reason"], "disk /dev/nvme0n1 gone");
+    // A stale If-Match is refused.
+    let r = s
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &s.operator,
+        )
+        .header("If-Match", "\"2\"")
+        .json(&json!({"state": "maintenance"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    // Viewers cannot; unknown states name the field.
+    let r = s
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &s.viewer,
+        )
+        .json(&json!({"state": "ready"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = post(json!({"state": "asleep"})).await.expect("send");
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["fields"][0]["field"], "state");
+    // Every change is an event.
+    let ev: Value = s
+        .req(
+            Method::GET,
+            &format!("/api/v1/events?machine={id}&kind=machine.state"),
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("ev")
+        .json()
+        .await
+        .expect("json");
+    let tos: Vec<&str> = ev
+        .as_array()
+        .expect("arr")
+        .iter()
+        .map(|e| e["detail"]["to"].as_str().expect("to"))
+        .collect();
+    assert_eq!(tos, ["ready", "provisioning", "installed", "failed"]);
+    s.finish().await;
+}
+
 both_backends!(
+    lifecycle_transitions,
     crud_with_versions_and_events,
     conflicts_name_the_owner,
     bad_input_names_the_field,

@@ -267,7 +267,8 @@ mod tests {
 
     #[test]
     fn classification_table() {
-        let cases: &[(Option<u16>, &[u8], &[u8], BootClient)] = &[
+        type Case<'a> = (Option<u16>, &'a [u8], &'a [u8], BootClient);
+        let cases: &[Case] = &[
             (
                 Some(0),
                 b"PXEClient:Arch:00000:UNDI:002001",

@@ -4,8 +4,10 @@
 //! Nothing here performs I/O: no tokio, sqlx, axum or reqwest. Front doors and stores convert to and
 //! from these types; the rules live here once.
 
+pub mod boot;
 pub mod dhcp;
 pub mod import;
+pub mod lifecycle;
 pub mod mac;
 pub mod machine;
 pub mod validate;

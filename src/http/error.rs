@@ -156,6 +156,9 @@ impl From<ServiceError> for ApiError {
                 e.body.rows = rows;
                 e
             }
+            e @ ServiceError::InvalidTransition { .. } => {
+                Self::new(StatusCode::CONFLICT, "invalid_transition", e.to_string())
+            }
             ServiceError::Store(s) => Self::from(s),
             ServiceError::NoBmc(name) => Self::new(
                 StatusCode::CONFLICT,

@@ -123,6 +123,49 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// A state change.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StateChange {
+    /// The state to move to.
+    pub state: LifecycleState,
+    /// Why (required for `failed`).
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Move a machine along its lifecycle (accept a discovered machine, mark one failed, put it in
+/// maintenance...). A change the lifecycle does not allow is a 409 naming the current state; asking
+/// for the current state again changes nothing. `If-Match` is honoured when sent.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/state", tag = "machines", request_body = StateChange,
+    params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = Option<String>, Header, description = "the machine's ETag")),
+    responses((status = 200, body = Machine), (status = 409, body = ErrorEnvelope, description = "not allowed from the current state"),
+              (status = 412, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn set_state(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+    JsonBody(change): JsonBody<StateChange>,
+) -> Result<Response, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let version = if_match(&headers)?;
+    let current = s.inventory.resolve(&id).await?;
+    let m = s
+        .inventory
+        .set_state(
+            current.id,
+            version,
+            change.state,
+            change.reason,
+            &caller.actor(),
+        )
+        .await?;
+    tracing::info!(machine = %m.id, from = %current.state, to = %m.state, actor = %caller.actor(), "machine state");
+    Ok(with_etag(StatusCode::OK, &m))
+}
+
 /// Filters of the machine list.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]

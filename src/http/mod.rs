@@ -3,8 +3,10 @@
 //! SQL. Must not import `store` or any other front door.
 
 mod bmc;
+mod boot;
 pub mod error;
 pub mod extract;
+mod files;
 mod machines;
 pub mod metrics;
 mod openapi;
@@ -33,7 +35,11 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Body limit in bytes.
     pub max_body_bytes: usize,
+    /// Network-boot settings.
+    pub boot: Arc<boot::BootSettings>,
 }
+
+pub use boot::BootSettings;
 
 /// The whole HTTP application.
 pub fn router(state: AppState) -> Router {
@@ -47,6 +53,10 @@ pub fn router(state: AppState) -> Router {
                 .patch(machines::update)
                 .delete(machines::remove),
         )
+        .route(
+            "/machines/{id}/state",
+            axum::routing::post(machines::set_state),
+        )
         .route("/events", get(machines::events))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
@@ -55,6 +65,10 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .nest("/api/v1", api)
         .route("/healthz", get(healthz))
+        .route("/boot.ipxe", get(boot::generic))
+        .route("/boot/machine.ipxe", get(boot::machine))
+        .route("/ipxe/{file}", get(boot::ipxe_binary))
+        .route("/images/{schematic}/{version}/{file}", get(boot::image))
         .route("/metrics", get(metrics::export))
         .fallback(|| async {
             error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")

@@ -35,7 +35,7 @@ impl Modify for Bearer {
     paths(
         super::healthz,
         machines::create, machines::show, machines::update, machines::remove, machines::list,
-        machines::lookup, machines::import, machines::events,
+        machines::lookup, machines::import, machines::events, machines::set_state,
         tokens::create, tokens::list, tokens::revoke,
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
@@ -43,11 +43,11 @@ impl Modify for Bearer {
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
         MachineId, MachinePage, MachineRef, Conflict, RowError, FieldError, Event, ErrorBody, ErrorEnvelope,
-        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult,
         bmc::PowerRequest, bmc::BootOnceRequest, bmc::MediaInsertRequest, PowerReport, BootOnceReport,
         MediaReport, InspectionReport, FieldChange, InspectConflict, CapabilityRecord, PowerAction,
         BootTarget, BootMode, BootOverride, VirtualMediaStatus, MediaLocation, InspectedHardware,
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
+        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
     )),
     modifiers(&Bearer),
 )]

@@ -358,6 +358,73 @@ impl Inventory {
         }
     }
 
+    /// Move a machine to another lifecycle state. Refused (`InvalidTransition`) when the lifecycle
+    /// does not allow it; the same state again is a no-op. `failed` needs a reason.
+    pub async fn set_state(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        to: LifecycleState,
+        reason: Option<String>,
+        actor: &str,
+    ) -> Result<Machine, ServiceError> {
+        let current = self.get(id).await?;
+        if let Some(v) = expected_version {
+            if v != current.version {
+                return Err(ServiceError::PreconditionFailed {
+                    expected: v,
+                    current: current.version,
+                });
+            }
+        }
+        if current.state == to && reason.is_none() {
+            return Ok(current);
+        }
+        if !crate::domain::lifecycle::allowed(current.state, to) {
+            return Err(ServiceError::InvalidTransition {
+                from: current.state,
+                to,
+            });
+        }
+        let reason = reason
+            .map(|r| r.trim().chars().take(1000).collect::<String>())
+            .filter(|r| !r.is_empty());
+        if to == LifecycleState::Failed && reason.is_none() {
+            let mut e = ValidationErrors::default();
+            e.push(
+                "reason",
+                "required when marking a machine failed: say what failed",
+            );
+            return Err(ServiceError::Invalid(e));
+        }
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: "machine.state".into(),
+            actor: actor.into(),
+            detail: json!({"from": current.state, "to": to, "reason": reason}),
+        };
+        self.store
+            .set_state(
+                id,
+                Some(current.version),
+                current.state,
+                to,
+                reason.as_deref(),
+                &event,
+            )
+            .await
+            .map_err(|e| match e {
+                // Someone else moved it between our read and our write.
+                StoreError::VersionMismatch { current: c, .. } => {
+                    ServiceError::PreconditionFailed {
+                        expected: current.version,
+                        current: c,
+                    }
+                }
+                other => other.into(),
+            })
+    }
+
     /// The BMC password of a machine, decrypted, for the Redfish client only.
     pub async fn bmc_password(&self, id: MachineId) -> Result<Option<String>, ServiceError> {
         let Some(sealed) = self.store.bmc_password(id).await? else {

@@ -47,6 +47,14 @@ pub enum ServiceError {
     /// A bulk import with bad rows: nothing was imported.
     #[error("import refused: {} bad row(s), nothing imported", .0.len())]
     ImportRejected(Vec<RowError>),
+    /// The lifecycle does not allow this state change.
+    #[error("a {from} machine cannot become {to}; from {from} it can become: {}", crate::domain::lifecycle::next_states(*from).iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+    InvalidTransition {
+        /// Current state.
+        from: crate::domain::LifecycleState,
+        /// Asked-for state.
+        to: crate::domain::LifecycleState,
+    },
     /// The store failed.
     #[error("store: {0}")]
     Store(#[source] StoreError),

@@ -194,6 +194,19 @@ pub trait InventoryStore:
         event: &NewEvent,
     ) -> Result<(), StoreError>;
 
+    /// Move a machine from state `from` to `to` (with a reason, or none) if it is still in `from`
+    /// (and at `expected_version`, when given), with its event, in one transaction. Bumps the
+    /// version. `VersionMismatch` when the machine moved on meanwhile.
+    async fn set_state(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        from: LifecycleState,
+        to: LifecycleState,
+        reason: Option<&str>,
+        event: &NewEvent,
+    ) -> Result<Machine, StoreError>;
+
     /// Insert many machines and their events in one transaction: all or none.
     async fn import_machines(
         &self,

@@ -454,6 +454,46 @@ macro_rules! sql_store {
                     Ok(())
                 }
 
+                async fn set_state(
+                    &self,
+                    id: MachineId,
+                    expected_version: Option<i64>,
+                    from: LifecycleState,
+                    to: LifecycleState,
+                    reason: Option<&str>,
+                    event: &NewEvent,
+                ) -> Result<Machine, StoreError> {
+                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let done = sqlx::query(
+                        "UPDATE machines SET state = $1, state_reason = $2, updated_at = $3, version = version + 1 \
+                         WHERE id = $4 AND state = $5 AND ($6 IS NULL OR version = $6)",
+                    )
+                    .bind(to.as_str())
+                    .bind(reason)
+                    .bind(Utc::now())
+                    .bind(id.0)
+                    .bind(from.as_str())
+                    .bind(expected_version)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(backend)?;
+                    if done.rows_affected() == 0 {
+                        let v: Option<i64> = sqlx::query_scalar("SELECT version FROM machines WHERE id = $1")
+                            .bind(id.0)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(backend)?;
+                        return Err(match v {
+                            None => StoreError::NotFound,
+                            Some(current) => StoreError::VersionMismatch { expected: expected_version.unwrap_or(-1), current },
+                        });
+                    }
+                    insert_events(&mut tx, &[event]).await?;
+                    let m = load_one_tx(&mut tx, id.0).await?;
+                    tx.commit().await.map_err(backend)?;
+                    Ok(m)
+                }
+
                 async fn import_machines(
                     &self,
                     rows: &[(MachineId, MachineRecord)],

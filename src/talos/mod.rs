@@ -12,6 +12,7 @@ pub mod disk;
 pub mod patch;
 pub mod render;
 pub mod schematic;
+pub mod secrets;
 pub mod validate;
 
 use std::fmt;

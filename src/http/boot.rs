@@ -1,0 +1,248 @@
+//! Network-boot endpoints: `/boot.ipxe` (the generic first script), `/boot/machine.ipxe` (this
+//! machine's script, decided by one `BootPlan`), `/ipxe/{file}` (iPXE binaries for UEFI HTTP boot)
+//! and `/images/{schematic}/{version}/{file}` (the Talos image cache). Unknown machines are
+//! registered as discovered with the SMBIOS facts iPXE sends. Every script served is a `boot.*`
+//! event of the machine: its boot timeline.
+//!
+//! No token: firmware cannot carry one. Nothing secret is served here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::AppState;
+use crate::domain::boot::{
+    arch_of_buildarch, decide, generic_script, is_placeholder, machine_script,
+};
+use crate::domain::dhcp::Arch;
+use crate::domain::{Interface, LifecycleState, MacAddr, Machine, MachineSpec, UniqueKey};
+use crate::images::ImageCache;
+use crate::service::{NewEvent, ServiceError};
+
+/// Boot settings.
+#[derive(Clone, Debug)]
+pub struct BootSettings {
+    /// How machines reach this server (`http://10.0.0.1:8080`); default: the request's Host.
+    pub public_url: Option<String>,
+    /// Directory with the iPXE binaries.
+    pub ipxe_dir: Option<PathBuf>,
+    /// The image cache.
+    pub images: ImageCache,
+}
+
+fn base_url(s: &AppState, headers: &HeaderMap) -> String {
+    if let Some(u) = &s.boot.public_url {
+        return u.trim_end_matches('/').to_string();
+    }
+    let host = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("127.0.0.1");
+    format!("http://{host}")
+}
+
+fn script(body: String) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/plain; charset=utf-8"),
+            (header::CACHE_CONTROL, "no-store"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+/// `GET /boot.ipxe`.
+pub async fn generic(State(s): State<AppState>, headers: HeaderMap) -> Response {
+    script(generic_script(&base_url(&s, &headers)))
+}
+
+/// What iPXE tells about the machine.
+#[derive(Debug, Default, Deserialize)]
+pub struct Identity {
+    /// Booting NIC's MAC (`${mac:hexhyp}` or colon form).
+    pub mac: Option<String>,
+    /// SMBIOS UUID.
+    pub uuid: Option<String>,
+    /// SMBIOS serial.
+    pub serial: Option<String>,
+    /// SMBIOS manufacturer.
+    pub manufacturer: Option<String>,
+    /// SMBIOS product.
+    pub product: Option<String>,
+    /// SMBIOS asset tag.
+    pub asset: Option<String>,
+    /// `i386`, `x86_64`, `arm64`.
+    pub buildarch: Option<String>,
+    /// `pcbios` or `efi`.
+    pub platform: Option<String>,
+}
+
+fn fact(v: &Option<String>) -> Option<String> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|s| !is_placeholder(s))
+        .map(|s| s.chars().take(255).collect())
+}
+
+fn smbios_uuid(v: &Option<String>) -> Option<uuid::Uuid> {
+    let u: uuid::Uuid = v.as_deref()?.trim().parse().ok()?;
+    (!u.is_nil() && !u.is_max()).then_some(u)
+}
+
+/// Find the machine behind a boot request, or register it as discovered.
+async fn find_or_discover(
+    s: &AppState,
+    mac: MacAddr,
+    id: &Identity,
+) -> Result<(Machine, bool), ServiceError> {
+    let inv = &s.inventory;
+    if let Ok(m) = inv.lookup(&UniqueKey::Mac(mac)).await {
+        return Ok((m, false));
+    }
+    if let Some(u) = smbios_uuid(&id.uuid) {
+        if let Ok(m) = inv.lookup(&UniqueKey::SmbiosUuid(u)).await {
+            return Ok((m, false));
+        }
+    }
+    let full = MachineSpec {
+        smbios_uuid: smbios_uuid(&id.uuid),
+        serial: fact(&id.serial),
+        asset_tag: fact(&id.asset),
+        manufacturer: fact(&id.manufacturer),
+        model: fact(&id.product),
+        interfaces: vec![Interface {
+            mac,
+            ipv4: None,
+            boot: true,
+            name: None,
+        }],
+        ..Default::default()
+    };
+    match inv
+        .create_in_state(full.clone(), LifecycleState::Discovered, "boot")
+        .await
+    {
+        Ok(m) => Ok((m, true)),
+        Err(ServiceError::Conflict(c)) if c.iter().any(|c| c.field.ends_with(".mac")) => {
+            // Another request registered this MAC a moment ago.
+            Ok((inv.lookup(&UniqueKey::Mac(mac)).await?, false))
+        }
+        Err(ServiceError::Conflict(c)) => {
+            // A serial or asset tag that another machine holds: register without the disputed facts
+            // and say so; an operator sorts it out.
+            tracing::warn!(%mac, conflicts = ?c.iter().map(ToString::to_string).collect::<Vec<_>>(), "discovered machine shares facts with a known one");
+            let bare = MachineSpec {
+                serial: None,
+                asset_tag: None,
+                smbios_uuid: None,
+                ..full
+            };
+            Ok((
+                inv.create_in_state(bare, LifecycleState::Discovered, "boot")
+                    .await?,
+                true,
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `GET /boot/machine.ipxe?mac=..&uuid=..`.
+pub async fn machine(
+    State(s): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    Query(id): Query<Identity>,
+) -> Response {
+    let base = base_url(&s, &headers);
+    let Some(mac) = id.mac.as_deref().and_then(|m| m.parse::<MacAddr>().ok()) else {
+        return (
+            StatusCode::BAD_REQUEST,
+            "#!ipxe\necho Plinth: the boot request carries no MAC address\nsleep 10\n",
+        )
+            .into_response();
+    };
+    let arch = id
+        .buildarch
+        .as_deref()
+        .and_then(arch_of_buildarch)
+        .unwrap_or(Arch::Amd64);
+    let (m, discovered) = match find_or_discover(&s, mac, &id).await {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::error!(error = %e, %mac, "boot: machine look-up failed");
+            // A fault is a 5xx: iPXE's generic script retries.
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "#!ipxe\necho Plinth: inventory unavailable\n",
+            )
+                .into_response();
+        }
+    };
+    let plan = decide(&m, None);
+    let self_url = format!(
+        "{base}/boot/machine.ipxe?mac={}&uuid={}&buildarch={}&platform={}",
+        mac.to_string().replace(':', "-"),
+        id.uuid.as_deref().unwrap_or(""),
+        id.buildarch.as_deref().unwrap_or(""),
+        id.platform.as_deref().unwrap_or("")
+    );
+    let event = NewEvent {
+        machine_id: Some(m.id),
+        kind: if discovered {
+            "boot.discovered".into()
+        } else {
+            "boot.script".into()
+        },
+        actor: "boot".into(),
+        detail: serde_json::json!({
+            "plan": plan.name(), "mac": mac, "from": peer.ip().to_string(),
+            "platform": id.platform, "buildarch": id.buildarch, "state": m.state,
+        }),
+    };
+    if let Err(e) = s.inventory.store().append_event(&event).await {
+        tracing::warn!(error = %e, "boot: timeline event not written");
+    }
+    tracing::info!(machine = %m.id, %mac, plan = plan.name(), discovered, from = %peer, "boot script");
+    script(machine_script(&plan, arch, &self_url))
+}
+
+/// `GET|HEAD /ipxe/{file}`: iPXE binaries for UEFI HTTP boot.
+pub async fn ipxe_binary(
+    State(s): State<AppState>,
+    Path(file): Path<String>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    let Some(dir) = &s.boot.ipxe_dir else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Ok(root) = std::fs::canonicalize(dir) else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match crate::tftp::resolve_in(&root, std::path::Path::new(&file)) {
+        Ok(p) => super::files::serve_file(&p, None, &method, &headers).await,
+        Err(_) => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `GET|HEAD /images/{schematic}/{version}/{file}`.
+pub async fn image(
+    State(s): State<AppState>,
+    Path((schematic, version, file)): Path<(String, String, String)>,
+    method: Method,
+    headers: HeaderMap,
+) -> Response {
+    match s.boot.images.path(&schematic, &version, &file) {
+        Ok(Some(p)) => {
+            let digest = s.boot.images.digest(&p);
+            super::files::serve_file(&p, digest, &method, &headers).await
+        }
+        Ok(None) | Err(_) => StatusCode::NOT_FOUND.into_response(),
+    }
+}

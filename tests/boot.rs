@@ -1,0 +1,380 @@
+//! The boot chain over real protocols: TFTP with curl and atftp as clients, and the HTTP boot
+//! endpoints (generic script, per-machine script with discovery, image cache with Range/ETag).
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::sync::Arc;
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use support::{Backend, TestServer};
+use tokio_util::sync::CancellationToken;
+
+async fn tftp_server(root: &Path) -> (std::net::SocketAddr, CancellationToken) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let addr = sock.local_addr().expect("addr");
+    let stop = CancellationToken::new();
+    let metrics = Arc::new(plinth::metrics::Metrics::new());
+    let opts = plinth::tftp::TftpOptions {
+        max_block_size: 1468,
+        max_window_size: 16,
+    };
+    let (root, s) = (root.to_path_buf(), stop.clone());
+    tokio::spawn(async move { plinth::tftp::serve(sock, root, opts, metrics, s).await });
+    (addr, stop)
+}
+
+fn payload(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tftp_serves_read_only_inside_its_root() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).expect("root");
+    let big = payload(1_000_000);
+    std::fs::write(root.join("ipxe.efi"), &big).expect("file");
+    std::fs::write(dir.path().join("secret"), b"outside").expect("outside");
+    std::os::unix::fs::symlink(dir.path().join("secret"), root.join("escape")).expect("symlink");
+    let (addr, stop) = tftp_server(&root).await;
+    let url = |f: &str| format!("tftp://{addr}/{f}");
+
+    // curl, default and large block sizes.
+    for blk in ["512", "1468"] {
+        let out = dir.path().join(format!("curl-{blk}"));
+        let st = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "60",
+                "--tftp-blksize",
+                blk,
+                "-o",
+                out.to_str().expect("p"),
+                &url("ipxe.efi"),
+            ])
+            .status()
+            .expect("curl");
+        assert!(st.success(), "curl blksize {blk}");
+        assert_eq!(std::fs::read(&out).expect("read"), big, "blksize {blk}");
+    }
+    // atftp with blksize, tsize and windowsize (RFC 7440).
+    let out = dir.path().join("atftp");
+    let st = Command::new("atftp")
+        .args([
+            "--option",
+            "blksize 1468",
+            "--option",
+            "tsize 0",
+            "--option",
+            "windowsize 16",
+            "-g",
+            "-r",
+            "ipxe.efi",
+            "-l",
+            out.to_str().expect("p"),
+            &addr.ip().to_string(),
+            &addr.port().to_string(),
+        ])
+        .output()
+        .expect("atftp");
+    assert!(
+        st.status.success(),
+        "atftp: {}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    assert_eq!(
+        std::fs::read(&out).expect("read"),
+        big,
+        "atftp with windowsize"
+    );
+
+    // Refusals: traversal, a symlink out of the root, a missing file, a write.
+    for bad in ["../secret", "escape", "nothere"] {
+        let out = dir.path().join("bad");
+        let _ = std::fs::remove_file(&out);
+        let st = Command::new("curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "20",
+                "-o",
+                out.to_str().expect("p"),
+                &url(bad),
+            ])
+            .output()
+            .expect("curl");
+        assert!(!st.status.success(), "{bad} must be refused");
+        assert_ne!(std::fs::read(&out).unwrap_or_default(), b"outside");
+    }
+    let up = dir.path().join("up");
+    std::fs::write(&up, b"new").expect("up");
+    let st = Command::new("curl")
+        .args([
+            "-sS",
+            "--max-time",
+            "20",
+            "-T",
+            up.to_str().expect("p"),
+            &url("up"),
+        ])
+        .output()
+        .expect("curl");
+    assert!(!st.status.success(), "writes are refused");
+    assert!(!root.join("up").exists());
+
+    // Many clients at once.
+    let mut kids = Vec::new();
+    for i in 0..20 {
+        let out = dir.path().join(format!("c{i}"));
+        kids.push((
+            out.clone(),
+            Command::new("curl")
+                .args([
+                    "-sS",
+                    "--max-time",
+                    "120",
+                    "--tftp-blksize",
+                    "1468",
+                    "-o",
+                    out.to_str().expect("p"),
+                    &url("ipxe.efi"),
+                ])
+                .spawn()
+                .expect("curl"),
+        ));
+    }
+    for (out, mut k) in kids {
+        assert!(k.wait().expect("wait").success());
+        assert_eq!(std::fs::read(&out).expect("read").len(), big.len());
+    }
+    stop.cancel();
+}
+
+async fn get(s: &TestServer, path: &str) -> reqwest::Response {
+    s.client.get(s.url(path)).send().await.expect("get")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn boot_scripts_discover_unknown_machines() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    let g = get(&s, "/boot.ipxe").await.text().await.expect("text");
+    assert!(g.starts_with("#!ipxe"));
+    assert!(
+        g.contains(&format!(
+            "chain --autofree --replace {}/boot/machine.ipxe?mac=${{mac:hexhyp}}",
+            s.base
+        )),
+        "{g}"
+    );
+
+    let q = "/boot/machine.ipxe?mac=52-54-00-99-00-01&uuid=8c1d7a2e-5f3b-4d6a-9e1f-2b3c4d5e6f70&serial=SN-0099\
+             &manufacturer=QEMU&product=Standard%20PC&asset=To%20Be%20Filled%20By%20O.E.M.&buildarch=x86_64&platform=efi";
+    let r = get(&s, q).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = r.text().await.expect("text");
+    assert!(text.contains("registered as discovered"), "{text}");
+    assert!(
+        text.contains("chain --autofree --replace"),
+        "polls again: {text}"
+    );
+    // Registered as discovered, with the SMBIOS facts (placeholders dropped).
+    let m: Value = s
+        .req(
+            Method::GET,
+            "/api/v1/machines/lookup?mac=52:54:00:99:00:01",
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("lookup")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(m["state"], "discovered");
+    assert_eq!(m["serial"], "SN-0099");
+    assert_eq!(m["smbios_uuid"], "8c1d7a2e-5f3b-4d6a-9e1f-2b3c4d5e6f70");
+    assert_eq!(m["manufacturer"], "QEMU");
+    assert_eq!(m["model"], "Standard PC");
+    assert!(
+        m["asset_tag"].is_null(),
+        "placeholder asset tag not recorded"
+    );
+    // The same machine again: no second record.
+    let _ = get(&s, q).await;
+    let page: Value = s
+        .req(Method::GET, "/api/v1/machines", &s.viewer)
+        .send()
+        .await
+        .expect("l")
+        .json()
+        .await
+        .expect("j");
+    assert_eq!(page["total"], 1);
+    // Its boot timeline.
+    let ev: Value = s
+        .req(
+            Method::GET,
+            &format!(
+                "/api/v1/events?machine={}&kind=boot.",
+                m["id"].as_str().expect("id")
+            ),
+            &s.viewer,
+        )
+        .send()
+        .await
+        .expect("ev")
+        .json()
+        .await
+        .expect("j");
+    let kinds: Vec<&str> = ev
+        .as_array()
+        .expect("arr")
+        .iter()
+        .map(|e| e["kind"].as_str().expect("k"))
+        .collect();
+    assert_eq!(kinds, ["boot.discovered", "boot.script"]);
+    assert_eq!(ev[0]["detail"]["plan"], "discovery");
+
+    // A registered machine waits for an operator (hold), without rebooting.
+    let r = s
+        .req(Method::POST, "/api/v1/machines", &s.operator)
+        .json(&serde_json::json!({"hostname": "w1", "interfaces": [{"mac": "52:54:00:99:00:02"}]}))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let text = get(
+        &s,
+        "/boot/machine.ipxe?mac=52:54:00:99:00:02&buildarch=i386",
+    )
+    .await
+    .text()
+    .await
+    .expect("t");
+    assert!(
+        text.contains("machine is registered: waiting for an operator"),
+        "{text}"
+    );
+    assert!(text.contains("sleep 60"));
+    // Accepted, provisioned and installed: a network boot goes to the local disk, never reinstalls.
+    let id = m["id"].as_str().expect("id").to_string();
+    for to in ["registered", "ready", "provisioning"] {
+        let r = s
+            .req(
+                Method::POST,
+                &format!("/api/v1/machines/{id}/state"),
+                &s.operator,
+            )
+            .json(&serde_json::json!({"state": to}))
+            .send()
+            .await
+            .expect("state");
+        assert_eq!(r.status(), StatusCode::OK, "{to}");
+    }
+    let text = get(&s, q).await.text().await.expect("t");
+    assert!(
+        text.contains("no Talos image and machine config are ready"),
+        "{text}"
+    );
+    let r = s
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &s.operator,
+        )
+        .json(&serde_json::json!({"state": "installed"}))
+        .send()
+        .await
+        .expect("state");
+    assert_eq!(r.status(), StatusCode::OK);
+    let text = get(&s, q).await.text().await.expect("t");
+    assert!(
+        text.contains("booting from the local disk\nexit\n"),
+        "{text}"
+    );
+    // No MAC: a clear refusal, not a panic.
+    assert_eq!(
+        get(&s, "/boot/machine.ipxe?uuid=x").await.status(),
+        StatusCode::BAD_REQUEST
+    );
+    s.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_are_served_with_ranges_and_etags() {
+    let s = TestServer::start(Backend::Sqlite).await;
+    let cache = plinth::images::ImageCache::new(s.data_dir.join("images"));
+    let src = s.data_dir.join("kernel-src");
+    let body = payload(3_000_000);
+    std::fs::write(&src, &body).expect("src");
+    let schem = plinth::images::VANILLA_SCHEMATIC;
+    let f = cache
+        .import(schem, "v1.11.6", "kernel-amd64", &src)
+        .expect("import");
+    let path = format!("/images/{schem}/v1.11.6/kernel-amd64");
+
+    let r = get(&s, &path).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-length"], "3000000");
+    let etag = r.headers()["etag"].to_str().expect("etag").to_string();
+    assert_eq!(etag, format!("\"sha256-{}\"", f.sha256));
+    assert_eq!(r.bytes().await.expect("body").as_ref(), body.as_slice());
+
+    let r = s.client.head(s.url(&path)).send().await.expect("head");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["content-length"], "3000000");
+    assert_eq!(r.headers()["accept-ranges"], "bytes");
+
+    let r = s
+        .client
+        .get(s.url(&path))
+        .header("Range", "bytes=1000-1999")
+        .send()
+        .await
+        .expect("range");
+    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(r.headers()["content-range"], "bytes 1000-1999/3000000");
+    assert_eq!(r.bytes().await.expect("b").as_ref(), &body[1000..2000]);
+    let r = s
+        .client
+        .get(s.url(&path))
+        .header("Range", "bytes=-10")
+        .send()
+        .await
+        .expect("range");
+    assert_eq!(
+        r.bytes().await.expect("b").as_ref(),
+        &body[body.len() - 10..]
+    );
+    let r = s
+        .client
+        .get(s.url(&path))
+        .header("Range", "bytes=5000000-")
+        .send()
+        .await
+        .expect("range");
+    assert_eq!(r.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(r.headers()["content-range"], "bytes */3000000");
+    let r = s
+        .client
+        .get(s.url(&path))
+        .header("If-None-Match", &etag)
+        .send()
+        .await
+        .expect("inm");
+    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+
+    for bad in [
+        format!("/images/{schem}/v1.11.6/initramfs-amd64.xz"),
+        format!("/images/{schem}/v1.11.6/..%2F..%2Fplinth.db"),
+        "/images/../../v1.11.6/kernel-amd64".to_string(),
+        format!("/images/{schem}/latest/kernel-amd64"),
+    ] {
+        assert_eq!(get(&s, &bad).await.status(), StatusCode::NOT_FOUND, "{bad}");
+    }
+    s.finish().await;
+}
