@@ -15,7 +15,7 @@ use crate::domain::dhcp::BootFiles;
 use crate::http::{self, AppState};
 use crate::service::dhcp::{DhcpService, LeaseTiming};
 use crate::service::LeaseStore;
-use crate::service::{Inventory, InventoryStore, SecretBox, Tokens};
+use crate::service::{BmcService, Inventory, InventoryStore, SecretBox, Tokens};
 use crate::store::{self, StoreOptions};
 
 /// A running server.
@@ -205,6 +205,12 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         let stop = shutdown.clone();
         tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, stop).await });
     }
+    let inventory = Inventory::new(store.clone(), secrets);
+    let bmc = BmcService::new(
+        inventory.clone(),
+        store.clone(),
+        Arc::new(crate::bmc::RedfishConnector::default()),
+    );
     if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
         let opts = crate::tftp::TftpOptions {
             max_block_size: t.max_block_size,
@@ -215,8 +221,9 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     }
     let bootable = bootable_arches(&config.ipxe_dir);
     let state = AppState {
-        inventory: Inventory::new(store.clone(), secrets),
+        inventory,
         tokens: Tokens::new(store),
+        bmc,
         metrics,
         max_body_bytes: config.max_body_bytes,
         boot: Arc::new(http::BootSettings {

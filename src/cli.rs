@@ -1,5 +1,6 @@
-//! The command line: `plinth serve`, `migrate`, `token`, `secret-key`, and `machine ...`, which
-//! talks to a running server's API (table output by default, `--json` for scripts).
+//! The command line: `plinth serve`, `migrate`, `token`, `secret-key`, and `machine ...` (and
+//! `bmc ...`, in `cli_bmc`), which talk to a running server's API (table output by default,
+//! `--json` for scripts).
 
 use std::path::PathBuf;
 
@@ -46,6 +47,8 @@ pub enum Command {
     SecretKey,
     /// Register and manage machines through the API of a running server.
     Machine(Box<MachineArgs>),
+    /// Drive a machine's BMC (power, one-time boot, virtual media) through the API.
+    Bmc(Box<crate::cli_bmc::BmcArgs>),
     /// Manage the Talos image cache in the data directory (no server needed).
     #[command(subcommand)]
     Image(ImageCommand),
@@ -402,6 +405,12 @@ pub enum MachineCommand {
         #[arg(long)]
         file: Option<PathBuf>,
     },
+    /// Inspect a machine through its BMC and update the inventory; prints what changed and the
+    /// conflicts that were not written.
+    Inspect {
+        /// The machine.
+        machine: String,
+    },
     /// Move a machine along its lifecycle, e.g. accept a discovered one: `state NAME registered`.
     State {
         /// The machine.
@@ -528,7 +537,7 @@ impl ApiClient {
         })
     }
 
-    fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn req(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
         let r = self
             .http
             .request(method, format!("{}/api/v1{path}", self.base));
@@ -561,7 +570,7 @@ impl ApiClient {
         bail!("{}", describe_error(status.as_u16(), &body))
     }
 
-    async fn get_machine(&self, reference: &str) -> anyhow::Result<(i64, Value)> {
+    pub(crate) async fn get_machine(&self, reference: &str) -> anyhow::Result<(i64, Value)> {
         let path = if let Ok(mac) = reference.parse::<crate::domain::MacAddr>() {
             format!("/machines/lookup?mac={mac}")
         } else {
@@ -757,7 +766,7 @@ fn machine_spec(a: &AddArgs) -> anyhow::Result<Value> {
     Ok(spec)
 }
 
-fn s(v: &Value) -> String {
+pub(crate) fn s(v: &Value) -> String {
     match v {
         Value::Null => String::new(),
         Value::String(s) => s.clone(),
@@ -881,7 +890,7 @@ fn print_machine(m: &Value) {
 
 /// Print a line to stdout; a closed pipe (`plinth machine list | head`) ends the program quietly
 /// instead of panicking as `println!` would.
-fn say(text: impl std::fmt::Display) {
+pub(crate) fn say(text: impl std::fmt::Display) {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
     if writeln!(out, "{text}").is_err() {
@@ -889,7 +898,7 @@ fn say(text: impl std::fmt::Display) {
     }
 }
 
-fn emit(json_out: bool, v: &Value, human: impl FnOnce(&Value)) {
+pub(crate) fn emit(json_out: bool, v: &Value, human: impl FnOnce(&Value)) {
     if json_out {
         say(serde_json::to_string_pretty(v).unwrap_or_default());
     } else {
@@ -987,6 +996,9 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 )
                 .await?;
             emit(args.json, &m, print_machine);
+        }
+        MachineCommand::Inspect { machine } => {
+            crate::cli_bmc::inspect(&api, &machine, args.json).await?;
         }
         MachineCommand::State {
             machine,

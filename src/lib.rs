@@ -6,6 +6,7 @@
 pub mod app;
 pub mod bmc;
 pub mod cli;
+pub mod cli_bmc;
 pub mod config;
 pub mod dhcp;
 pub mod domain;

@@ -117,6 +117,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
+        Command::Bmc(args) => plinth::cli_bmc::bmc(args).await,
         Command::Cluster(cmd) => plinth::cli::cluster(cmd),
         Command::Config(cmd) => plinth::cli::config(cmd),
         Command::Image(cmd) => {

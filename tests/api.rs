@@ -163,7 +163,7 @@ async fn crud_with_versions_and_events(b: Backend) {
     let ev: Value = s
         .req(
             Method::GET,
-            &format!("/api/v1/events?machine={id}"),
+            &format!("/api/v1/events?machine={id}&kind=machine."),
             &s.viewer,
         )
         .send()

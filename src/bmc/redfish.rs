@@ -12,16 +12,16 @@ use serde_json::{json, Value};
 use tokio::sync::OnceCell;
 use uuid::Uuid;
 
-use super::model::{
-    disk_type_of, Bmc, BootMode, BootOverride, BootTarget, Capabilities, DriveSource, EtagSupport,
-    InspectedDrive, InspectedHardware, InspectedNic, MediaLocation, PowerAction, PowerState,
-    VirtualMediaStatus,
-};
 use super::odata::{link, links_at, members, same_link, text, texts_at, under};
 use super::quirks::{quirks_for, ModeInPatch, Quirks};
 use super::transport::{AuthMode, BmcEndpoint, BmcOptions, Doc, Transport, SERVICE_ROOT};
 use super::BmcError;
 use crate::domain::MacAddr;
+use crate::service::bmc::{
+    disk_type_of, Bmc, BootMode, BootOverride, BootTarget, Capabilities, DriveSource, EtagSupport,
+    InspectedDrive, InspectedHardware, InspectedNic, MediaLocation, PowerAction, PowerState,
+    VirtualMediaStatus,
+};
 
 /// What discovery found once per client: the root, the system and its manager, and the quirks.
 #[derive(Debug)]

@@ -6,6 +6,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::domain::{FieldError, ValidationErrors};
+use crate::service::bmc::BmcError;
 use crate::service::{Conflict, RowError, ServiceError, StoreError};
 
 /// An error answer: `{"error": {...}}`.
@@ -34,6 +35,10 @@ pub struct ErrorBody {
     /// Current version (on 412).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub current_version: Option<i64>,
+    /// What the BMC did instead (on `boot_not_applied`: `wanted` and `actual`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub bmc: Option<serde_json::Value>,
 }
 
 /// Wrapper for the OpenAPI document.
@@ -55,6 +60,7 @@ impl ApiError {
                 conflicts: Vec::new(),
                 rows: Vec::new(),
                 current_version: None,
+                bmc: None,
             }),
         }
     }
@@ -154,7 +160,45 @@ impl From<ServiceError> for ApiError {
                 Self::new(StatusCode::CONFLICT, "invalid_transition", e.to_string())
             }
             ServiceError::Store(s) => Self::from(s),
+            ServiceError::NoBmc(name) => Self::new(
+                StatusCode::CONFLICT,
+                "no_bmc",
+                ServiceError::NoBmc(name).to_string(),
+            ),
+            ServiceError::Bmc(b) => Self::from(b),
         }
+    }
+}
+
+impl From<BmcError> for ApiError {
+    /// What the BMC said is the answer: it is about the operator's device, not Plinth's internals,
+    /// and BMC errors never carry a password or a session token.
+    fn from(e: BmcError) -> Self {
+        tracing::warn!(error = %e, "BMC request failed");
+        let message = e.to_string();
+        let (status, code) = match &e {
+            BmcError::Config(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bmc_config"),
+            BmcError::Transport { .. } => (StatusCode::BAD_GATEWAY, "bmc_unreachable"),
+            BmcError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, "bmc_timeout"),
+            BmcError::Http { .. } => (StatusCode::BAD_GATEWAY, "bmc_error"),
+            BmcError::Unauthorized(_) => (StatusCode::BAD_GATEWAY, "bmc_unauthorized"),
+            BmcError::Protocol { .. } => (StatusCode::BAD_GATEWAY, "bmc_protocol"),
+            BmcError::NotSupported(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bmc_not_supported"),
+            BmcError::Deadline { .. } => (StatusCode::GATEWAY_TIMEOUT, "bmc_deadline"),
+            BmcError::BootNotApplied { .. } => (StatusCode::CONFLICT, "boot_not_applied"),
+            BmcError::MediaNotApplied { .. } => (StatusCode::CONFLICT, "media_not_applied"),
+            BmcError::TaskFailed { .. } => (StatusCode::BAD_GATEWAY, "bmc_task_failed"),
+        };
+        let message = if code == "bmc_unauthorized" {
+            format!("{message}; check bmc.username and bmc.password of the machine")
+        } else {
+            message
+        };
+        let mut out = Self::new(status, code, message);
+        if let BmcError::BootNotApplied { wanted, actual } = &e {
+            out.body.bmc = Some(serde_json::json!({"wanted": wanted, "actual": actual}));
+        }
+        out
     }
 }
 

@@ -51,6 +51,10 @@ pub async fn create(
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.create(spec, &caller.actor()).await?;
     tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), "machine registered");
+    if m.bmc.is_some() {
+        // Best effort, after the answer: a failed probe is recorded, the registration stands.
+        s.bmc.probe_in_background(m.id, &caller.actor());
+    }
     Ok(with_etag(StatusCode::CREATED, &m))
 }
 
@@ -91,6 +95,9 @@ pub async fn update(
         .update(current.id, version, patch, &caller.actor())
         .await?;
     tracing::info!(machine = %m.id, version = m.version, actor = %caller.actor(), "machine updated");
+    if m.bmc.is_some() && m.bmc != current.bmc {
+        s.bmc.probe_in_background(m.id, &caller.actor());
+    }
     Ok(with_etag(StatusCode::OK, &m))
 }
 
@@ -112,6 +119,7 @@ pub async fn remove(
         .delete(current.id, version, &caller.actor())
         .await?;
     tracing::info!(machine = %current.id, actor = %caller.actor(), "machine removed");
+    s.bmc.forget(current.id);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -2,6 +2,7 @@
 //! document. Handlers decode the request, call the service, and encode the answer; they never touch
 //! SQL. Must not import `store` or any other front door.
 
+mod bmc;
 mod boot;
 pub mod error;
 pub mod extract;
@@ -19,7 +20,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 
-use crate::service::{Inventory, Tokens};
+use crate::service::{BmcService, Inventory, Tokens};
 
 /// What every handler can reach.
 #[derive(Clone)]
@@ -28,6 +29,8 @@ pub struct AppState {
     pub inventory: Inventory,
     /// Token use cases.
     pub tokens: Tokens,
+    /// BMC use cases (power, boot override, virtual media, inspection, capabilities).
+    pub bmc: BmcService,
     /// Request metrics.
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Body limit in bytes.
@@ -57,7 +60,8 @@ pub fn router(state: AppState) -> Router {
         .route("/events", get(machines::events))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
-        .route("/openapi.json", get(openapi::document));
+        .route("/openapi.json", get(openapi::document))
+        .merge(bmc::routes());
     Router::new()
         .nest("/api/v1", api)
         .route("/healthz", get(healthz))

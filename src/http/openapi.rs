@@ -5,9 +5,16 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::{ErrorBody, ErrorEnvelope};
-use super::{machines, tokens};
+use super::{bmc, machines, tokens};
 use crate::domain::*;
-use crate::service::{ApiRole, Conflict, Event, MachinePage, MachineRef, RowError, TokenInfo};
+use crate::service::bmc::{
+    BootMode, BootOnceReport, BootOverride, BootTarget, Capabilities, DriveSource, EtagSupport,
+    FieldChange, InspectConflict, InspectedDrive, InspectedHardware, InspectedNic,
+    InspectionReport, MediaLocation, MediaReport, PowerAction, PowerReport, VirtualMediaStatus,
+};
+use crate::service::{
+    ApiRole, CapabilityRecord, Conflict, Event, MachinePage, MachineRef, RowError, TokenInfo,
+};
 
 struct Bearer;
 
@@ -24,16 +31,22 @@ impl Modify for Bearer {
 /// The API description.
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Plinth API", description = "Bare-metal provisioning for Talos Linux: inventory, events, tokens."),
+    info(title = "Plinth API", description = "Bare-metal provisioning for Talos Linux: inventory, events, tokens, BMC power, boot override, virtual media and inspection."),
     paths(
         super::healthz,
         machines::create, machines::show, machines::update, machines::remove, machines::list,
         machines::lookup, machines::import, machines::events, machines::set_state,
         tokens::create, tokens::list, tokens::revoke,
+        bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
+        bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
     ),
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
         MachineId, MachinePage, MachineRef, Conflict, RowError, FieldError, Event, ErrorBody, ErrorEnvelope,
+        bmc::PowerRequest, bmc::BootOnceRequest, bmc::MediaInsertRequest, PowerReport, BootOnceReport,
+        MediaReport, InspectionReport, FieldChange, InspectConflict, CapabilityRecord, PowerAction,
+        BootTarget, BootMode, BootOverride, VirtualMediaStatus, MediaLocation, InspectedHardware,
+        InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
     )),
     modifiers(&Bearer),

@@ -1,9 +1,11 @@
 //! Use cases of the inventory and the traits they need from the outside world.
 //!
-//! Front doors (HTTP, later DHCP/TFTP) call `Inventory`; stores implement `InventoryStore`. This module
+//! Front doors (HTTP, later DHCP/TFTP) call `Inventory` and `BmcService`; stores implement
+//! `InventoryStore` and `BmcCapabilityStore`, the Redfish client implements `bmc::Bmc`. This module
 //! imports `domain` and nothing from `store`, `http` or any concrete database.
 
 pub mod auth;
+pub mod bmc;
 pub mod dhcp;
 pub mod inventory;
 pub mod leases;
@@ -11,6 +13,7 @@ pub mod secrets;
 pub mod store;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
+pub use bmc::{BmcCapabilityStore, BmcConnector, BmcService, CapabilityRecord};
 pub use inventory::{ImportRow, Inventory, RowError};
 pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
@@ -55,6 +58,12 @@ pub enum ServiceError {
     /// The store failed.
     #[error("store: {0}")]
     Store(#[source] StoreError),
+    /// The machine has no BMC in the inventory.
+    #[error("machine {0} has no BMC: set bmc.url, bmc.username and bmc.password first")]
+    NoBmc(String),
+    /// The BMC refused, failed, or did not do what was asked.
+    #[error("BMC: {0}")]
+    Bmc(#[source] bmc::BmcError),
 }
 
 impl From<StoreError> for ServiceError {

@@ -55,7 +55,7 @@ impl fmt::Display for Conflict {
 }
 
 /// A short reference to a machine.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MachineRef {
     /// Inventory id.
     pub id: MachineId,
@@ -161,7 +161,9 @@ pub struct MachinePage {
 
 /// What the service needs from a database.
 #[async_trait]
-pub trait InventoryStore: super::leases::LeaseStore + Send + Sync + 'static {
+pub trait InventoryStore:
+    super::leases::LeaseStore + super::bmc::BmcCapabilityStore + Send + Sync + 'static
+{
     /// Is the database reachable?
     async fn ping(&self) -> Result<(), StoreError>;
 

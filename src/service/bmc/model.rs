@@ -1,18 +1,109 @@
-//! What the rest of Plinth sees of a BMC: the `Bmc` trait and the plain result types it returns
-//! (power state, boot override, virtual media, inspected hardware, capabilities).
+//! What the rest of Plinth sees of a BMC: the `Bmc` trait, its error type, and the plain result
+//! types it returns (power state, boot override, virtual media, inspected hardware, capabilities).
 //!
 //! Nothing here knows about HTTP, JSON or Redfish paths, so the service layer can depend on these
 //! types and tests can implement the trait without a network.
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::BmcError;
 use crate::domain::{DiskType, MacAddr, TlsMode};
+
+/// Errors of the Redfish client. Messages name the request and what the BMC answered; they never
+/// carry a password or a session token.
+#[derive(Debug, thiserror::Error)]
+pub enum BmcError {
+    /// The endpoint or options are unusable (bad URL, bad fingerprint, no trust roots).
+    #[error("BMC configuration: {0}")]
+    Config(String),
+    /// The BMC could not be reached, or the connection broke, after the allowed retries.
+    #[error("{method} {path}: cannot talk to the BMC: {reason}")]
+    Transport {
+        /// HTTP method.
+        method: String,
+        /// Request path.
+        path: String,
+        /// The transport error, with its causes.
+        reason: String,
+    },
+    /// No answer within the per-request timeout.
+    #[error("{method} {path}: no answer within {after:?}")]
+    Timeout {
+        /// HTTP method.
+        method: String,
+        /// Request path.
+        path: String,
+        /// The timeout that expired.
+        after: Duration,
+    },
+    /// The BMC answered with a non-success status.
+    #[error("{method} {path}: HTTP {status}: {message}")]
+    Http {
+        /// HTTP method.
+        method: String,
+        /// Request path.
+        path: String,
+        /// Status code.
+        status: u16,
+        /// Redfish error message, or the start of a non-JSON body.
+        message: String,
+    },
+    /// The BMC refused the credentials.
+    #[error("the BMC refused the credentials: {0}")]
+    Unauthorized(String),
+    /// An answer that does not have the shape Redfish promises.
+    #[error("unexpected answer from {path}: {reason}")]
+    Protocol {
+        /// Resource path.
+        path: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// The BMC does not offer what was asked.
+    #[error("not supported by this BMC: {0}")]
+    NotSupported(String),
+    /// A state change did not complete in time.
+    #[error("{what} did not complete within {after:?}; last seen: {last}")]
+    Deadline {
+        /// What was awaited.
+        what: String,
+        /// The deadline.
+        after: Duration,
+        /// The last state observed.
+        last: String,
+    },
+    /// The BMC accepted a boot override but holds something else when read back.
+    #[error("boot override not kept: asked for {wanted}; the BMC holds {actual}")]
+    BootNotApplied {
+        /// What was written.
+        wanted: Box<BootOverride>,
+        /// What was read back.
+        actual: Box<BootOverride>,
+    },
+    /// Virtual media did not end up as asked.
+    #[error("virtual media at {slot}: {reason}")]
+    MediaNotApplied {
+        /// Slot URI.
+        slot: String,
+        /// What the BMC did instead.
+        reason: String,
+    },
+    /// A task monitor reported failure.
+    #[error("task {task} ended {state}: {message}")]
+    TaskFailed {
+        /// Task monitor URI.
+        task: String,
+        /// `TaskState`, e.g. `Exception`.
+        state: String,
+        /// The task's messages.
+        message: String,
+    },
+}
 
 /// Power state of a computer system, as the BMC reports it (Redfish `PowerState`).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -60,7 +151,7 @@ impl fmt::Display for PowerState {
 }
 
 /// A power operation requested by an operator (`plinth bmc power MACHINE ...`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum PowerAction {
     /// Power on; done when `PowerState` is `On`.
@@ -100,7 +191,7 @@ impl fmt::Display for PowerAction {
 }
 
 /// Device of a one-time boot override.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum BootTarget {
     /// Network boot through PXE (Redfish `Pxe`).
@@ -134,7 +225,7 @@ impl fmt::Display for BootTarget {
 }
 
 /// Firmware mode of a boot override.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum BootMode {
     /// UEFI boot (Redfish `UEFI`).
@@ -174,7 +265,7 @@ impl fmt::Display for BootMode {
 }
 
 /// The boot override a BMC holds, as read back from it (Redfish spellings kept as text).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct BootOverride {
     /// `BootSourceOverrideTarget`, e.g. `Pxe`.
     pub target: Option<String>,
@@ -198,7 +289,7 @@ impl fmt::Display for BootOverride {
 }
 
 /// The virtual CD/DVD slot of a BMC.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct VirtualMediaStatus {
     /// Redfish URI of the slot (where the BMC put it: under the Manager or the System).
     pub slot: String,
@@ -215,7 +306,7 @@ pub struct VirtualMediaStatus {
 }
 
 /// Where a BMC links its virtual media.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum MediaLocation {
     /// `Systems/<id>/VirtualMedia` (the ComputerSystem links it).
@@ -225,7 +316,7 @@ pub enum MediaLocation {
 }
 
 /// Hardware found out of band, without booting the machine.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InspectedHardware {
     /// SMBIOS system UUID.
     pub smbios_uuid: Option<Uuid>,
@@ -259,7 +350,7 @@ impl InspectedHardware {
 }
 
 /// A host network interface.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InspectedNic {
     /// Redfish `Id`, e.g. `NIC.Integrated.1-1-1`.
     pub id: String,
@@ -278,7 +369,7 @@ pub struct InspectedNic {
 }
 
 /// A drive.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InspectedDrive {
     /// Redfish `Name` or `Id`, e.g. `Disk.Bay.0`.
     pub name: Option<String>,
@@ -299,7 +390,7 @@ pub struct InspectedDrive {
 }
 
 /// Where the drive list of an inspection came from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum DriveSource {
     /// `Systems/<id>/Storage/<ctrl>/Drives`.
@@ -312,7 +403,7 @@ pub enum DriveSource {
 }
 
 /// What a BMC can do, probed once at registration and refreshed on demand.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Capabilities {
     /// Vendor as the service root or the system names it, e.g. `Dell`, `HPE`, `Supermicro`.
     pub vendor: Option<String>,
@@ -341,7 +432,7 @@ pub struct Capabilities {
 }
 
 /// ETag behaviour of a BMC.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct EtagSupport {
     /// The ComputerSystem carries an ETag (header or `@odata.etag`).
     pub offered: bool,
