@@ -64,7 +64,17 @@ stop_server() {
     fi
 }
 
-pg_base() { echo "${PG_ADMIN%/*}"; }
+# Plinth runs in a namespace with its own loopback: reach PostgreSQL through its Unix socket
+# directory when DATABASE_URL names the local loopback (PLINTH_PG_SOCKET_DIR, default
+# /var/run/postgresql), else at DATABASE_URL's host as given.
+PG_SOCKET_DIR=${PLINTH_PG_SOCKET_DIR:-/var/run/postgresql}
+pg_url_for() { # $1 = database name
+    local base=${PG_ADMIN%/*}
+    case "$base" in
+        *@127.0.0.1*|*@localhost*) echo "${base%%@*}@localhost/$1?host=$PG_SOCKET_DIR" ;;
+        *) echo "$base/$1" ;;
+    esac
+}
 drop_pg_db() {
     if [ -n "$PG_DB" ]; then
         psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1 || true
@@ -162,7 +172,7 @@ start_server() { # $1 = server name
             drop_pg_db
             PG_DB=plinth_bench_$TAG
             psql "$PG_ADMIN" -qc "CREATE DATABASE $PG_DB" >/dev/null
-            start_plinth "$(pg_base)/$PG_DB" ;;
+            start_plinth "$(pg_url_for "$PG_DB")" ;;
         dnsmasq) start_dnsmasq ;;
         kea) start_kea ;;
         *) echo "unknown server $1" >&2; exit 2 ;;
@@ -189,19 +199,17 @@ rate = float(rate.group(1)) if rate else 0.0
 sent = stat("DISCOVER-OFFER", "sent packets")
 drops = stat("DISCOVER-OFFER", "drops") + stat("REQUEST-ACK", "drops")
 pct = 100.0 * drops / sent if sent else 100.0
-# -x t: one line per completed exchange with the delay of each message pair (ms).
+# -x t: "***Timestamps for packets: X***" then one "sent / received: S / R" line per exchange.
 lat = {}
 for section in ("DISCOVER-OFFER", "REQUEST-ACK"):
-    m = re.search(r"Timers for %s.*?\n(.*?)(\n\s*\n|\*\*\*|$)" % section, text, re.S)
+    m = re.search(r"\*\*\*Timestamps for packets: %s\*\*\*(.*?)(\*\*\*|$)" % section, text, re.S)
     vals = []
     if m:
-        for line in m.group(1).splitlines():
-            nums = re.findall(r"([0-9]+\.[0-9]+)", line)
-            if nums: vals.append(float(nums[-1]))
+        for a, b in re.findall(r"sent / received: ([0-9.]+) / ([0-9.]+)", m.group(1)):
+            vals.append((float(b) - float(a)) * 1000.0)
     lat[section] = sorted(vals)
 def pct_of(v, p):
     return v[min(len(v) - 1, int(p / 100.0 * len(v)))] if v else float("nan")
-# DORA latency: offer delay + ack delay, paired by order is not exact; report each exchange's own.
 do, ra = lat["DISCOVER-OFFER"], lat["REQUEST-ACK"]
 print("%.0f %.2f %.2f %.2f %.2f %.2f %.2f %.2f" % (rate, pct,
       pct_of(do, 50), pct_of(do, 99), pct_of(ra, 50), pct_of(ra, 95), pct_of(ra, 99), ra[-1] if ra else float("nan")))

@@ -220,6 +220,10 @@ pub async fn tcp_forward(
             let up = upstream.clone();
             tokio::spawn(async move {
                 if let Ok(mut out) = tokio::net::TcpStream::connect(up).await {
+                    // Small protocol messages: without this, Nagle and delayed ACKs add ~40 ms
+                    // to every database round trip.
+                    let _ = inbound.set_nodelay(true);
+                    let _ = out.set_nodelay(true);
                     let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
                 }
             });
