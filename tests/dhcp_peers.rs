@@ -615,7 +615,7 @@ pool = ["10.83.0.100-10.83.0.200"]
 /// same pool concurrently. No address goes to two MACs: every client completes, and the lease
 /// table holds one distinct address per client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "open: two instances allocate at ~5 DORA/s (both pool cursors walk the same addresses, every DISCOVER of one instance collides with the other's claims); see the dhcp-peers report"]
+#[ignore = "open: the two instances answer at 2-5 DORA/s (>= 340 ms per DISCOVER) and perfdhcp does not finish in 50 s; cause not yet found (suspects: both pool cursors walking the same addresses, the in-test TCP forwarder to PostgreSQL)"]
 async fn two_instances_on_one_postgres_never_share_an_address() {
     const PER_CLIENT: usize = 250;
     let tmp = tempfile::tempdir().expect("tmp");
