@@ -120,7 +120,8 @@ pub struct RawSubnet {
     pub cidr: Option<String>,
     /// `authoritative`, `proxy` or `off`.
     pub mode: Option<String>,
-    /// Plinth's own address on this subnet.
+    /// Plinth's own address as this subnet's clients reach it: on the subnet, or (behind a
+    /// relay) the address the relay forwards to.
     pub server_ip: Option<String>,
     /// Dynamic ranges `FIRST-LAST`.
     #[serde(default)]
@@ -325,10 +326,19 @@ impl RawDhcp {
                 }
             };
             let server_ip = ipv4(&k("server_ip"), raw.server_ip.as_deref().unwrap_or(""))?;
-            if !net.contains(&server_ip) {
+            // Option 54 and the address clients renew with: Plinth's own unicast address, on the
+            // subnet itself or, for a subnet behind a relay (RFC 1542), the address the relay
+            // forwards to, which is outside the relayed subnet.
+            if server_ip.is_unspecified()
+                || server_ip.is_broadcast()
+                || server_ip.is_loopback()
+                || server_ip.is_multicast()
+                || server_ip == net.network()
+                || (net.prefix_len() < 31 && server_ip == net.broadcast())
+            {
                 return Err(ConfigError::new(
                     &k("server_ip"),
-                    format!("{server_ip} is not in {net}"),
+                    format!("{server_ip} is not a unicast address Plinth can answer from: use its address on {net}, or for a subnet behind a relay the address the relay forwards to"),
                 ));
             }
             let mut pool = Vec::new();
@@ -667,6 +677,36 @@ mod tests {
             })
             .expect_err("dialect");
         assert_eq!(e.key, "database.url");
+    }
+
+    #[test]
+    fn relayed_subnet_answers_from_the_address_the_relay_forwards_to() {
+        let dhcp = |server: &str| {
+            format!(
+                "[dhcp]\nenabled = true\nboot_url = \"http://10.0.0.1:8080\"\n\
+                 [[dhcp.subnet]]\ncidr = \"10.0.0.0/24\"\nserver_ip = \"10.0.0.1\"\n\
+                 [[dhcp.subnet]]\ncidr = \"10.9.0.0/24\"\nserver_ip = \"{server}\"\npool = [\"10.9.0.10-10.9.0.20\"]\n"
+            )
+        };
+        let ok = RawConfig::parse(&dhcp("10.0.0.1"))
+            .expect("parses")
+            .validate(&Overrides::default())
+            .expect("a relayed subnet may name Plinth's address on another network");
+        let subnets = ok.dhcp.expect("dhcp on").subnets;
+        assert_eq!(subnets[1].server_ip.to_string(), "10.0.0.1");
+        for bad in [
+            "0.0.0.0",
+            "255.255.255.255",
+            "127.0.0.1",
+            "10.9.0.0",
+            "10.9.0.255",
+        ] {
+            let e = RawConfig::parse(&dhcp(bad))
+                .expect("parses")
+                .validate(&Overrides::default())
+                .expect_err(bad);
+            assert_eq!(e.key, "dhcp.subnet[1].server_ip", "{bad}: {e}");
+        }
     }
 
     #[test]

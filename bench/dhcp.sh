@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# DHCP throughput benchmark: ISC perfdhcp in a client namespace against Plinth (SQLite and
+# PostgreSQL leases), dnsmasq and Kea's kea-dhcp4 in a server namespace, in the same run, with the
+# same pool (10.88.1.0-10.88.255.254) and lease time (3600 s). For each server the request rate
+# steps up (each step on a fresh server with an empty lease database) until more than 1% of
+# exchanges are dropped; the sustained rate is the best step at or below 1% drops. Latency
+# percentiles come from perfdhcp's per-exchange timers (-x t) of that step.
+#
+# Needs root, perfdhcp (kea-admin), dnsmasq (dnsmasq-base), kea-dhcp4 (kea-dhcp4-server), python3,
+# and for the PostgreSQL run a server at DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres).
+#
+# Usage: bench/dhcp.sh [--servers "plinth-sqlite plinth-postgres dnsmasq kea"] [--rates "250 500 ..."]
+#                      [--seconds 10]
+# Environment: PLINTH_BIN (default: target/release/plinth, built if missing), DATABASE_URL.
+# Peer settings worth knowing: dnsmasq runs with --no-ping (its default ICMP probe before each
+# offer is a conflict check the other servers do not do) and writes its lease file; Kea uses its
+# memfile backend with persist=true (appends, no fsync per lease); Plinth commits every offer and
+# every ACK to its database (SQLite: WAL, synchronous=FULL) before answering.
+set -euo pipefail
+
+SERVERS="plinth-sqlite plinth-postgres dnsmasq kea"
+RATES="250 500 1000 1500 2000 3000 4000 6000 8000"
+SECONDS_PER_STEP=10
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --servers) SERVERS="$2"; shift 2 ;;
+        --rates) RATES="$2"; shift 2 ;;
+        --seconds) SECONDS_PER_STEP="$2"; shift 2 ;;
+        *) echo "unknown argument $1" >&2; exit 2 ;;
+    esac
+done
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+PLINTH_BIN=${PLINTH_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/plinth}
+PG_ADMIN=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+for tool in perfdhcp dnsmasq kea-dhcp4 python3 ip curl; do
+    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
+done
+if [ ! -x "$PLINTH_BIN" ]; then
+    (cd "$ROOT" && cargo build --release --bin plinth)
+fi
+
+TAG=$$
+SRV=plb-s$TAG
+CLI=plb-c$TAG
+WORK=$(mktemp -d /tmp/plinth-bench.XXXXXX)
+SERVER_PID=""
+PG_DB=""
+
+cleanup() {
+    stop_server
+    ip netns del "$SRV" 2>/dev/null || true
+    ip netns del "$CLI" 2>/dev/null || true
+    drop_pg_db
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+stop_server() {
+    if [ -n "$SERVER_PID" ]; then
+        kill "$SERVER_PID" 2>/dev/null || true
+        wait "$SERVER_PID" 2>/dev/null || true
+        SERVER_PID=""
+    fi
+}
+
+# Plinth runs in a namespace with its own loopback: reach PostgreSQL through its Unix socket
+# directory when DATABASE_URL names the local loopback (PLINTH_PG_SOCKET_DIR, default
+# /var/run/postgresql), else at DATABASE_URL's host as given.
+PG_SOCKET_DIR=${PLINTH_PG_SOCKET_DIR:-/var/run/postgresql}
+pg_url_for() { # $1 = database name
+    local base=${PG_ADMIN%/*}
+    case "$base" in
+        *@127.0.0.1*|*@localhost*) echo "${base%%@*}@localhost/$1?host=$PG_SOCKET_DIR" ;;
+        *) echo "$base/$1" ;;
+    esac
+}
+drop_pg_db() {
+    if [ -n "$PG_DB" ]; then
+        psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1 || true
+        PG_DB=""
+    fi
+}
+
+ip netns add "$SRV"
+ip netns add "$CLI"
+ip link add bs0 netns "$SRV" type veth peer name bc0 netns "$CLI"
+ip -n "$SRV" addr add 10.88.0.1/16 dev bs0
+ip -n "$CLI" addr add 10.88.0.2/16 dev bc0
+for ns in "$SRV" "$CLI"; do ip -n "$ns" link set lo up; done
+ip -n "$SRV" link set bs0 up
+ip -n "$CLI" link set bc0 up
+
+POOL_FIRST=10.88.1.0
+POOL_LAST=10.88.255.254
+LEASE=3600
+
+wait_port67() {
+    for _ in $(seq 1 100); do
+        if ip netns exec "$SRV" ss -ulnH 'sport = :67' | grep -q .; then return 0; fi
+        sleep 0.1
+    done
+    echo "server did not bind port 67" >&2
+    return 1
+}
+
+start_plinth() { # $1 = database url
+    local dir=$WORK/plinth
+    rm -rf "$dir"; mkdir -p "$dir"
+    head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$dir/secret.key"
+    cat >"$dir/plinth.toml" <<EOF
+data_dir = "$dir"
+[database]
+url = "$1"
+max_connections = 8
+[http]
+listen = "127.0.0.1:0"
+[secrets]
+key_file = "$dir/secret.key"
+[dhcp]
+enabled = true
+interfaces = ["bs0"]
+proxy_port = 0
+boot_url = "http://10.88.0.1:8080"
+[[dhcp.subnet]]
+cidr = "10.88.0.0/16"
+server_ip = "10.88.0.1"
+pool = ["$POOL_FIRST-$POOL_LAST"]
+routers = ["10.88.0.1"]
+lease_seconds = $LEASE
+EOF
+    RUST_LOG=error ip netns exec "$SRV" "$PLINTH_BIN" serve --config "$dir/plinth.toml" \
+        >"$dir/out.log" 2>&1 &
+    SERVER_PID=$!
+}
+
+start_dnsmasq() {
+    local dir=$WORK/dnsmasq
+    rm -rf "$dir"; mkdir -p "$dir"
+    ip netns exec "$SRV" dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root \
+        --bind-interfaces --interface=bs0 --no-ping --quiet-dhcp --dhcp-authoritative \
+        --dhcp-range=$POOL_FIRST,$POOL_LAST,255.255.0.0,$LEASE --dhcp-lease-max=70000 \
+        --dhcp-option=3,10.88.0.1 \
+        --dhcp-leasefile="$dir/leases" --pid-file="$dir/pid" >"$dir/out.log" 2>&1 &
+    SERVER_PID=$!
+}
+
+start_kea() {
+    local dir=$WORK/kea
+    rm -rf "$dir"; mkdir -p "$dir"
+    cat >"$dir/kea.json" <<EOF
+{ "Dhcp4": {
+    "interfaces-config": { "interfaces": ["bs0"], "dhcp-socket-type": "udp" },
+    "lease-database": { "type": "memfile", "persist": true, "name": "$dir/leases.csv", "lfc-interval": 0 },
+    "valid-lifetime": $LEASE,
+    "subnet4": [ { "id": 1, "subnet": "10.88.0.0/16",
+                   "pools": [ { "pool": "$POOL_FIRST - $POOL_LAST" } ],
+                   "option-data": [ { "name": "routers", "data": "10.88.0.1" } ] } ],
+    "loggers": [ { "name": "kea-dhcp4", "severity": "ERROR",
+                   "output_options": [ { "output": "$dir/kea.log" } ] } ]
+} }
+EOF
+    KEA_PIDFILE_DIR=$dir KEA_LOCKFILE_DIR=$dir ip netns exec "$SRV" kea-dhcp4 -c "$dir/kea.json" \
+        >"$dir/out.log" 2>&1 &
+    SERVER_PID=$!
+}
+
+start_server() { # $1 = server name
+    case "$1" in
+        plinth-sqlite) start_plinth "sqlite://$WORK/plinth/plinth.db" ;;
+        plinth-postgres)
+            drop_pg_db
+            PG_DB=plinth_bench_$TAG
+            psql "$PG_ADMIN" -qc "CREATE DATABASE $PG_DB" >/dev/null
+            start_plinth "$(pg_url_for "$PG_DB")" ;;
+        dnsmasq) start_dnsmasq ;;
+        kea) start_kea ;;
+        *) echo "unknown server $1" >&2; exit 2 ;;
+    esac
+    wait_port67
+    sleep 0.3
+}
+
+# One step: perfdhcp at $2 exchanges/s for SECONDS_PER_STEP; prints "rate drops_pct p50 p95 p99 max"
+run_step() {
+    local out=$WORK/perf-$1-$2.txt
+    ip netns exec "$CLI" timeout --signal=INT $((SECONDS_PER_STEP + 20)) perfdhcp -4 -l 10.88.0.2 \
+        -r "$2" -p "$SECONDS_PER_STEP" -R 1000000 -d 2 -x t 10.88.0.1 >"$out" 2>&1 || true
+    python3 - "$out" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+def stat(section, field):
+    m = re.search(r"\*\*\*Statistics for: %s\*\*\*(.*?)(\*\*\*|$)" % section, text, re.S)
+    if not m: return 0.0
+    f = re.search(r"^%s: ([0-9.]+)" % re.escape(field), m.group(1), re.M)
+    return float(f.group(1)) if f else 0.0
+rate = re.search(r"Rate: ([0-9.]+) 4-way exchanges/second", text)
+rate = float(rate.group(1)) if rate else 0.0
+sent = stat("DISCOVER-OFFER", "sent packets")
+drops = stat("DISCOVER-OFFER", "drops") + stat("REQUEST-ACK", "drops")
+pct = 100.0 * drops / sent if sent else 100.0
+# -x t: "***Timestamps for packets: X***" then one "sent / received: S / R" line per exchange.
+lat = {}
+for section in ("DISCOVER-OFFER", "REQUEST-ACK"):
+    m = re.search(r"\*\*\*Timestamps for packets: %s\*\*\*(.*?)(\*\*\*|$)" % section, text, re.S)
+    vals = []
+    if m:
+        for a, b in re.findall(r"sent / received: ([0-9.]+) / ([0-9.]+)", m.group(1)):
+            vals.append((float(b) - float(a)) * 1000.0)
+    lat[section] = sorted(vals)
+def pct_of(v, p):
+    return v[min(len(v) - 1, int(p / 100.0 * len(v)))] if v else float("nan")
+do, ra = lat["DISCOVER-OFFER"], lat["REQUEST-ACK"]
+print("%.0f %.2f %.2f %.2f %.2f %.2f %.2f %.2f" % (rate, pct,
+      pct_of(do, 50), pct_of(do, 99), pct_of(ra, 50), pct_of(ra, 95), pct_of(ra, 99), ra[-1] if ra else float("nan")))
+EOF
+}
+
+RESULTS=$WORK/results.txt
+: >"$RESULTS"
+echo "# perfdhcp $(perfdhcp -v 2>&1 | head -1 | tr -d '\n'); dnsmasq $(dnsmasq --version | head -1 | awk '{print $3}'); kea-dhcp4 $(kea-dhcp4 -v); $(nproc) CPUs"
+echo "# server            offered/s  drops%  D-O p50/p99 ms  R-A p50/p95/p99/max ms"
+for s in $SERVERS; do
+    best_rate=0; best_line=""
+    for r in $RATES; do
+        start_server "$s"
+        line=$(run_step "$s" "$r")
+        stop_server
+        read -r rate pct dp50 dp99 rp50 rp95 rp99 rmax <<<"$line"
+        printf "%-18s %5s/s -> %6s/s  %5s%%   %s/%s   %s/%s/%s/%s\n" "$s" "$r" "$rate" "$pct" \
+            "$dp50" "$dp99" "$rp50" "$rp95" "$rp99" "$rmax"
+        if python3 -c "import sys; sys.exit(0 if float('$pct') <= 1.0 else 1)"; then
+            best_rate=$rate; best_line="$line"
+        else
+            break
+        fi
+    done
+    echo "$s $best_rate $best_line" >>"$RESULTS"
+done
+drop_pg_db
+
+echo
+echo "# sustained DORA rate (highest step with <= 1% drops)"
+python3 - "$RESULTS" <<'EOF'
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    f = line.split()
+    rows[f[0]] = (float(f[1]), f[2:])
+for name, (rate, rest) in rows.items():
+    lat = "REQUEST-ACK p50/p95/p99 %s/%s/%s ms" % tuple(rest[5:8]) if len(rest) >= 8 else ""
+    print("%-18s %8.0f DORA/s  %s" % (name, rate, lat))
+peers = [rows[p][0] for p in ("dnsmasq", "kea") if p in rows]
+if peers and max(peers) > 0:
+    best = max(peers)
+    for name in ("plinth-sqlite", "plinth-postgres"):
+        if name in rows:
+            print("ratio %s / max(dnsmasq, kea) = %.2f" % (name, rows[name][0] / best))
+EOF
