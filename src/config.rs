@@ -71,7 +71,8 @@ pub struct RawConfig {
 pub struct RawBoot {
     /// How booting machines reach Plinth's HTTP front door, e.g. `http://10.0.0.1:8080`.
     pub public_url: Option<String>,
-    /// Directory with the iPXE binaries (`undionly.kpxe`, `ipxe.efi`, `snponly.efi`, `ipxe-arm64.efi`).
+    /// Directory with the iPXE binaries (`undionly.kpxe`, `ipxe.efi`, `snponly.efi`, `ipxe-arm64.efi`);
+    /// default `<data_dir>/ipxe`, filled by `ipxe/fetch.sh`.
     pub ipxe_dir: Option<PathBuf>,
 }
 
@@ -251,9 +252,6 @@ pub struct TftpConfig {
     /// Largest window.
     pub max_window_size: u16,
 }
-
-/// Where Debian's `ipxe` package puts the binaries.
-pub const DEFAULT_IPXE_DIR: &str = "/usr/lib/ipxe";
 
 /// Validated `[dhcp]`.
 #[derive(Debug, Clone)]
@@ -547,10 +545,7 @@ impl RawConfig {
             raw_dhcp.boot_url = boot_public_url.clone();
         }
         let dhcp = raw_dhcp.validate()?;
-        let ipxe_dir = self
-            .boot
-            .ipxe_dir
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_IPXE_DIR));
+        let ipxe_dir = self.boot.ipxe_dir.unwrap_or_else(|| data_dir.join("ipxe"));
         let tftp = if self.tftp.enabled.unwrap_or(false) {
             let listen = parse_addr(
                 "tftp.listen",
@@ -573,7 +568,11 @@ impl RawConfig {
             if !ipxe_dir.is_dir() {
                 return Err(ConfigError::new(
                     "boot.ipxe_dir",
-                    format!("{} is not a directory: install Debian's `ipxe` package or run ipxe/fetch.sh, or set boot.ipxe_dir", ipxe_dir.display()),
+                    format!(
+                        "{} is not a directory of iPXE binaries: run `ipxe/fetch.sh {}` (after `apt-get install ipxe`), or set boot.ipxe_dir",
+                        ipxe_dir.display(),
+                        ipxe_dir.display()
+                    ),
                 ));
             }
             Some(TftpConfig {

@@ -12,9 +12,12 @@ use plinth::service::{ApiRole, Tokens};
 fn telemetry(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log_level));
+    use std::io::IsTerminal;
+    // Colours only on a terminal: escape codes in a log file or journal hide the fields.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
     match config.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -44,8 +47,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             telemetry(&config);
             let running = plinth::app::spawn(&config).await?;
             let addr = running.http_addr;
-            let dhcp = if running.dhcp.is_empty() { "off".to_string() } else { running.dhcp.join(", ") };
-            let tftp = running.tftp_addr.map_or_else(|| "off".to_string(), |a| a.to_string());
+            let dhcp = if running.dhcp.is_empty() {
+                "off".to_string()
+            } else {
+                running.dhcp.join(", ")
+            };
+            let tftp = running
+                .tftp_addr
+                .map_or_else(|| "off".to_string(), |a| a.to_string());
             let boots = if running.bootable.is_empty() {
                 format!("none (no iPXE binaries in {})", config.ipxe_dir.display())
             } else {
