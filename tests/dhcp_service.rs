@@ -200,13 +200,60 @@ async fn pool_exhaustion_and_reservations(b: Backend) {
     let db = TestDb::new(b).await;
     let st = store(&db).await;
     let svc = service(st.clone());
+    // An address reserved in the inventory for one machine is never offered to another, even
+    // when that other client asks for it (option 50).
+    let inv = plinth::service::Inventory::new(
+        st.clone(),
+        plinth::service::SecretBox::from_text(&plinth::service::SecretBox::generate_key_text())
+            .expect("key"),
+    );
+    let spec = plinth::domain::MachineSpec {
+        hostname: Some("reserved".into()),
+        interfaces: vec![plinth::domain::Interface {
+            mac: "52:54:00:21:01:01".parse().expect("mac"),
+            ipv4: Some("10.20.0.105".parse().expect("ip")),
+            boot: true,
+            name: None,
+        }],
+        ..Default::default()
+    };
+    inv.create(spec, "test").await.expect("register");
+    let mut d = req(RequestKind::Discover, "52:54:00:21:01:02");
+    d.requested_ip = Some("10.20.0.105".parse().expect("ip"));
+    let offer = reply(svc.handle(&d).await.expect("discover"));
+    assert_ne!(
+        offer.yiaddr.to_string(),
+        "10.20.0.105",
+        "reserved for another machine"
+    );
+    let mine = reply(
+        svc.handle(&req(RequestKind::Discover, "52:54:00:21:01:01"))
+            .await
+            .expect("discover"),
+    );
+    assert_eq!(
+        mine.yiaddr.to_string(),
+        "10.20.0.105",
+        "the owner gets its reservation"
+    );
+    // Free the two offers again so the rest of the test sees the whole pool.
+    for (ip, mac) in [
+        (offer.yiaddr, "52:54:00:21:01:02"),
+        (mine.yiaddr, "52:54:00:21:01:01"),
+    ] {
+        st.end_lease(ip, mac.parse().expect("mac"), LeaseState::Expired, 0, 0)
+            .await
+            .expect("end");
+    }
+    // Ten addresses, one of them reserved: nine for everyone else, each handed out once.
     let mut got = Vec::new();
-    for i in 0..10 {
+    for i in 0..9 {
         got.push(dora(&svc, &format!("52:54:00:21:00:{i:02x}")).await);
     }
     got.sort();
     got.dedup();
-    assert_eq!(got.len(), 10);
+    assert_eq!(got.len(), 9);
+    assert!(!got.contains(&"10.20.0.105".parse().expect("ip")));
     assert_eq!(
         svc.handle(&req(RequestKind::Discover, "52:54:00:21:00:ff"))
             .await

@@ -183,7 +183,7 @@ impl DhcpService {
             (Authoritative, Discover) => self.offer(req, subnet).await,
             (Authoritative, Request) => self.request(req, subnet).await,
             (Authoritative, Decline) => self.decline(req, subnet).await,
-            (Authoritative, Release) => self.release(req).await,
+            (Authoritative, Release) => self.release(req, subnet).await,
             (Authoritative, Inform) => Ok(self.inform(req, subnet)),
         }
     }
@@ -279,7 +279,30 @@ impl DhcpService {
             .filter(|ip| subnet.in_pool(*ip)))
     }
 
+    /// Claim `ip` as offered to the client; the OFFER when the database agreed.
+    async fn claim_offer(
+        &self,
+        req: &DhcpRequest,
+        subnet: &Subnet,
+        ip: Ipv4Addr,
+    ) -> Result<Option<Outcome>, StoreError> {
+        let claim = self.lease(req, subnet, ip, LeaseState::Offered, self.timing.offer_ms);
+        if !self.store.claim_lease(&claim).await? {
+            return Ok(None);
+        }
+        self.mark(subnet, ip, now_ms() + self.timing.offer_ms);
+        Ok(Some(Outcome::Reply(self.reply(
+            req,
+            subnet,
+            ReplyKind::Offer,
+            ip,
+            true,
+        ))))
+    }
+
     async fn offer(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
+        // Its reservation or current lease first, then the address it asks for (option 50); an
+        // address reserved for another machine is never offered, asked for or not.
         let mut candidates: Vec<Ipv4Addr> = Vec::new();
         if let Some(ip) = self.preferred(req, subnet).await? {
             candidates.push(ip);
@@ -287,59 +310,35 @@ impl DhcpService {
         if let Some(ip) = req.requested_ip.filter(|ip| subnet.in_pool(*ip)) {
             candidates.push(ip);
         }
-        let reserved_first = candidates.first().copied();
         for ip in candidates {
-            if Some(ip) != reserved_first && self.store.reserved_for_other(ip, req.mac).await? {
+            if self.store.reserved_for_other(ip, req.mac).await? {
                 continue;
             }
-            if self
-                .store
-                .claim_lease(&self.lease(
-                    req,
-                    subnet,
-                    ip,
-                    LeaseState::Offered,
-                    self.timing.offer_ms,
-                ))
-                .await?
-            {
-                self.mark(subnet, ip, now_ms() + self.timing.offer_ms);
-                return Ok(Outcome::Reply(self.reply(
-                    req,
-                    subnet,
-                    ReplyKind::Offer,
-                    ip,
-                    true,
-                )));
+            if let Some(offer) = self.claim_offer(req, subnet, ip).await? {
+                return Ok(offer);
             }
         }
+        let mut reloaded = false;
         for _ in 0..MAX_TRIES {
-            let Some(ip) = self.next_free(subnet).await? else {
-                return Ok(Outcome::Silent("pool_exhausted"));
+            let ip = match self.next_free(subnet).await? {
+                Some(ip) => ip,
+                // The hint may be stale (a release, another instance): ask the database once.
+                None if !reloaded => {
+                    reloaded = true;
+                    self.reload(subnet).await?;
+                    match self.next_free(subnet).await? {
+                        Some(ip) => ip,
+                        None => return Ok(Outcome::Silent("pool_exhausted")),
+                    }
+                }
+                None => return Ok(Outcome::Silent("pool_exhausted")),
             };
             if self.store.reserved_for_other(ip, req.mac).await? {
                 self.mark(subnet, ip, i64::MAX);
                 continue;
             }
-            if self
-                .store
-                .claim_lease(&self.lease(
-                    req,
-                    subnet,
-                    ip,
-                    LeaseState::Offered,
-                    self.timing.offer_ms,
-                ))
-                .await?
-            {
-                self.mark(subnet, ip, now_ms() + self.timing.offer_ms);
-                return Ok(Outcome::Reply(self.reply(
-                    req,
-                    subnet,
-                    ReplyKind::Offer,
-                    ip,
-                    true,
-                )));
+            if let Some(offer) = self.claim_offer(req, subnet, ip).await? {
+                return Ok(offer);
             }
             // Someone else (another instance) holds it: learn when it frees up.
             let until = self
@@ -424,12 +423,16 @@ impl DhcpService {
         Ok(Outcome::Silent("declined"))
     }
 
-    async fn release(&self, req: &DhcpRequest) -> Result<Outcome, StoreError> {
+    async fn release(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
         if !req.ciaddr.is_unspecified() {
             let now = now_ms();
-            self.store
+            if self
+                .store
                 .end_lease(req.ciaddr, req.mac, LeaseState::Released, now, now)
-                .await?;
+                .await?
+            {
+                self.mark(subnet, req.ciaddr, 0);
+            }
         }
         Ok(Outcome::Silent("released"))
     }
@@ -437,6 +440,19 @@ impl DhcpService {
     fn inform(&self, req: &DhcpRequest, subnet: &Subnet) -> Outcome {
         // RFC 2131 section 3.4: configuration only; no yiaddr, no lease time.
         Outcome::Reply(self.reply(req, subnet, ReplyKind::Ack, Ipv4Addr::UNSPECIFIED, false))
+    }
+
+    /// Replace a subnet's hint with what the database holds now.
+    async fn reload(&self, subnet: &Subnet) -> Result<(), StoreError> {
+        let key = subnet.key();
+        let busy = self.store.busy_ips(&key, now_ms()).await?;
+        let until = now_ms() + self.timing.offer_ms;
+        if let Ok(mut pools) = self.pools.lock() {
+            let h = pools.entry(key).or_default();
+            h.busy = busy.into_iter().map(|ip| (ip, until)).collect();
+            h.loaded = true;
+        }
+        Ok(())
     }
 
     fn mark(&self, subnet: &Subnet, ip: Ipv4Addr, until: i64) {
