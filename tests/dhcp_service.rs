@@ -115,6 +115,20 @@ async fn rfc2131_request_rules(b: Backend) {
     let svc = service(st.clone());
     let a = dora(&svc, "52:54:00:20:00:01").await;
     assert_eq!(a.to_string(), "10.20.0.100");
+    // A late or repeated DISCOVER from a bound client is offered its address and does not
+    // downgrade the acknowledged lease.
+    let again = reply(
+        svc.handle(&req(RequestKind::Discover, "52:54:00:20:00:01"))
+            .await
+            .expect("discover"),
+    );
+    assert_eq!(again.yiaddr, a);
+    let l = st.lease_by_ip(a).await.expect("lease").expect("row");
+    assert_eq!(l.state, LeaseState::Bound, "still bound");
+    assert!(
+        l.expires_ms > chrono::Utc::now().timestamp_millis() + 500_000,
+        "expiry kept"
+    );
     // The same client again gets the same address.
     assert_eq!(dora(&svc, "52:54:00:20:00:01").await, a);
 

@@ -98,7 +98,9 @@ pub struct Reservation {
 pub trait LeaseStore: Send + Sync + 'static {
     /// Claim `lease.ip` for `lease.mac`: succeeds (true) only when the address is free, expired,
     /// released, or already held by this MAC (and not declined). On success the MAC's other live
-    /// leases in the subnet expire. One transaction, durable before it returns.
+    /// leases in the subnet expire. An offer never downgrades the same MAC's live bound lease (a
+    /// late or repeated DISCOVER must not shorten an acknowledged lease). One transaction, durable
+    /// before it returns.
     async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError>;
 
     /// The lease row of an address.

@@ -764,7 +764,13 @@ macro_rules! sql_store {
                         "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, \
                          relay_remote_id, giaddr, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
                          ON CONFLICT (ip) DO UPDATE SET subnet = excluded.subnet, mac = excluded.mac, \
-                         state = excluded.state, expires_ms = excluded.expires_ms, hostname = excluded.hostname, \
+                         state = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+                             AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+                             THEN dhcp_leases.state ELSE excluded.state END, \
+                         expires_ms = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+                             AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+                             THEN dhcp_leases.expires_ms ELSE excluded.expires_ms END, \
+                         hostname = excluded.hostname, \
                          relay_circuit_id = excluded.relay_circuit_id, relay_remote_id = excluded.relay_remote_id, \
                          giaddr = excluded.giaddr, updated_ms = excluded.updated_ms \
                          WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
