@@ -130,15 +130,23 @@ fn options_well_formed(opts: &[u8]) -> bool {
         if i + 2 + len > opts.len() {
             return false;
         }
+        // Fixed lengths (RFC 2132, 4039, 4578, 6926): among them every option dhcproto reads with a
+        // `debug_assert!` on its length (80, 94, 152-155), which a fuzz build turns into a panic.
         let fixed = match code {
-            94 => Some(3),
-            93 => None, // a list of u16: even length checked below
-            53 | 52 => Some(1),
+            80 => Some(0),
+            52 | 53 | 156 | 157 => Some(1),
             57 => Some(2),
-            51 | 58 | 59 => Some(4),
+            94 => Some(3),
+            51 | 58 | 59 | 152..=155 => Some(4),
             _ => None,
         };
-        if fixed.is_some_and(|f| f != len) || (code == 93 && (len < 2 || len % 2 != 0)) {
+        let too_short = match code {
+            93 => len < 2 || len % 2 != 0, // a list of u16
+            81 => len < 3,                 // client FQDN: flags, rcode1, rcode2, name
+            151 => len < 1,                // bulk lease query status code
+            _ => false,
+        };
+        if fixed.is_some_and(|f| f != len) || too_short {
             return false;
         }
         i += 2 + len;
@@ -283,6 +291,16 @@ mod tests {
         let mut bad94 = good[..good.len() - 1].to_vec();
         bad94.extend_from_slice(&[94, 1, 1, 255]);
         assert_eq!(decode(&bad94, false, &[]).err(), Some("bad_option_length"));
+        // Found by the fuzz target: option 153 (and its kin) with the wrong length.
+        for code in [80u8, 152, 153, 154, 155, 156, 81] {
+            let mut bad = good[..good.len() - 1].to_vec();
+            bad.extend_from_slice(&[code, 2, 1, 1, 255]);
+            assert_eq!(
+                decode(&bad, false, &[]).err(),
+                Some("bad_option_length"),
+                "option {code}"
+            );
+        }
         let mut overlong = good[..good.len() - 1].to_vec();
         overlong.extend_from_slice(&[12, 200, b'x']);
         assert_eq!(
