@@ -31,6 +31,15 @@ pub fn decode(
     if !options_well_formed(&buf[MIN_LEN..]) {
         return Err("bad_option_length");
     }
+    // Option 52 (RFC 2132 section 9.3) moves more options into `file` (1), `sname` (2) or both (3);
+    // dhcproto decodes those too, so check them as well.
+    if let Some(overload) = option_value(&buf[MIN_LEN..], 52).and_then(|v| v.first().copied()) {
+        let file_ok = overload & 1 == 0 || options_well_formed(&buf[108..236]);
+        let sname_ok = overload & 2 == 0 || options_well_formed(&buf[44..108]);
+        if !(file_ok && sname_ok) {
+            return Err("bad_option_length");
+        }
+    }
     let msg = v4::Message::decode(&mut Decoder::new(buf)).map_err(|_| "malformed")?;
     if msg.opcode() != Opcode::BootRequest {
         return Err("not_a_request");
@@ -107,6 +116,26 @@ pub fn decode(
         local_ips: local_ips.to_vec(),
     };
     Ok((msg, req))
+}
+
+/// The value of the first occurrence of option `code` in an options area.
+fn option_value(opts: &[u8], code: u8) -> Option<&[u8]> {
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => i += 1,
+            255 => return None,
+            c => {
+                let len = usize::from(*opts.get(i + 1)?);
+                let v = opts.get(i + 2..i + 2 + len)?;
+                if c == code {
+                    return Some(v);
+                }
+                i += 2 + len;
+            }
+        }
+    }
+    None
 }
 
 /// Walk the options area: every option's length must fit, and the fixed-length options dhcproto
@@ -301,6 +330,15 @@ mod tests {
                 "option {code}"
             );
         }
+        // And in the `file` field when option 52 says options overflow there.
+        let mut overloaded = good[..good.len() - 1].to_vec();
+        overloaded.extend_from_slice(&[52, 1, 1, 255]);
+        overloaded[108..113].copy_from_slice(&[154, 1, 0, 255, 0]);
+        assert_eq!(
+            decode(&overloaded, false, &[]).err(),
+            Some("bad_option_length"),
+            "overloaded file field"
+        );
         let mut overlong = good[..good.len() - 1].to_vec();
         overlong.extend_from_slice(&[12, 200, b'x']);
         assert_eq!(
