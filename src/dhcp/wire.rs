@@ -138,9 +138,12 @@ fn option_value(opts: &[u8], code: u8) -> Option<&[u8]> {
     None
 }
 
-/// Walk the options area: every option's length must fit, and the fixed-length options dhcproto
-/// reads without checking the length must have the length they should.
+/// Walk an options area: every option's length must fit, and the options dhcproto reads with a
+/// fixed length must have it. Lengths are summed per code first, because a decoder concatenates
+/// repeated instances of one option (RFC 3396) before reading it.
 fn options_well_formed(opts: &[u8]) -> bool {
+    let mut total = [0usize; 256];
+    let mut seen = [false; 256];
     let mut i = 0;
     while i < opts.len() {
         let code = opts[i];
@@ -149,7 +152,7 @@ fn options_well_formed(opts: &[u8]) -> bool {
                 i += 1;
                 continue;
             }
-            255 => return true,
+            255 => break,
             _ => {}
         }
         let Some(&len) = opts.get(i + 1) else {
@@ -159,8 +162,14 @@ fn options_well_formed(opts: &[u8]) -> bool {
         if i + 2 + len > opts.len() {
             return false;
         }
-        // Fixed lengths (RFC 2132, 4039, 4578, 6926): among them every option dhcproto reads with a
-        // `debug_assert!` on its length (80, 94, 152-155), which a fuzz build turns into a panic.
+        total[usize::from(code)] += len;
+        seen[usize::from(code)] = true;
+        i += 2 + len;
+    }
+    (0..=255u8).filter(|c| seen[usize::from(*c)]).all(|code| {
+        let len = total[usize::from(code)];
+        // Fixed lengths (RFC 2132, 4039, 4578, 6926): among them every option dhcproto reads with
+        // a `debug_assert!` on its length (80, 94, 152-155), which a fuzz build turns into a panic.
         let fixed = match code {
             80 => Some(0),
             52 | 53 | 156 | 157 => Some(1),
@@ -175,12 +184,8 @@ fn options_well_formed(opts: &[u8]) -> bool {
             151 => len < 1,                // bulk lease query status code
             _ => false,
         };
-        if fixed.is_some_and(|f| f != len) || too_short {
-            return false;
-        }
-        i += 2 + len;
-    }
-    true
+        fixed.is_none_or(|f| f == len) && !too_short
+    })
 }
 
 /// Encode the answer to `req` (the request message, whose xid, flags, giaddr, chaddr and option
@@ -338,6 +343,15 @@ mod tests {
             decode(&overloaded, false, &[]).err(),
             Some("bad_option_length"),
             "overloaded file field"
+        );
+        // Two instances of one fixed-length option, each well-formed alone, concatenate (RFC 3396)
+        // into a wrong length.
+        let mut split = good[..good.len() - 1].to_vec();
+        split.extend_from_slice(&[154, 4, 0, 0, 0, 1, 154, 4, 0, 0, 0, 2, 255]);
+        assert_eq!(
+            decode(&split, false, &[]).err(),
+            Some("bad_option_length"),
+            "concatenated option"
         );
         let mut overlong = good[..good.len() - 1].to_vec();
         overlong.extend_from_slice(&[12, 200, b'x']);
