@@ -3,7 +3,7 @@
 //!
 //! Run: `cargo bench --bench inventory` (set `PLINTH_BENCH_MACHINES` to change the count).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The boot chain over real protocols: TFTP with curl and atftp as clients, and the HTTP boot
 //! endpoints (generic script, per-machine script with discovery, image cache with Range/ETag).
 
-mod support;
+use crate::support;
 
 use std::path::Path;
 use std::process::Command;

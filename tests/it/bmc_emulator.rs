@@ -2,8 +2,7 @@
 //! from an htpasswd file, over HTTP and over HTTPS with a pinned self-signed certificate. Its power
 //! transitions are asynchronous (1 to 11 s), so every power call here exercises the polling.
 
-#[path = "support/bmc_peers.rs"]
-mod peers;
+use crate::support::bmc_peers as peers;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

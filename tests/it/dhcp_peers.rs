@@ -7,12 +7,10 @@
 //! Needs root (namespaces, port 67), `perfdhcp` (Debian kea-admin), `dnsmasq` (dnsmasq-base),
 //! `curl`, and for the last test PostgreSQL at DATABASE_URL.
 
-mod support;
+use crate::support;
 
-#[path = "support/lan.rs"]
-mod lan;
-#[path = "support/peers.rs"]
-mod peers;
+use crate::support::lan;
+use crate::support::peers;
 
 use std::collections::HashSet;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -1,7 +1,7 @@
 //! The `plinth` binary as a user runs it: the embedded default, config refusals, `token create`,
 //! the `machine` CLI against a running server, and kill -9 in the middle of a bulk import.
 
-mod support;
+use crate::support;
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -256,7 +256,7 @@ impl Agent {
         let mut cmd = lan.cmd(host, exe.to_str().expect("utf-8 path"));
         cmd.args([
             "--exact",
-            "netns_agent",
+            "dhcp_peers::netns_agent",
             "--nocapture",
             "--test-threads=1",
             "-q",

@@ -2,6 +2,11 @@
 //! per test on the server named by DATABASE_URL), with tokens of every role.
 #![allow(dead_code, missing_docs)]
 
+pub mod bmc_peers;
+pub mod lan;
+pub mod netns;
+pub mod peers;
+
 use std::path::PathBuf;
 
 use plinth::app::Running;

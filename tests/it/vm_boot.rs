@@ -4,8 +4,6 @@
 //! (OVMF's own PXE on virtio-net: TFTP ipxe.efi, then iPXE, then HTTP). The VM is unknown to Plinth,
 //! so it must end up registered as `discovered` with the SMBIOS UUID qemu gave it.
 
-mod support;
-
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -2,7 +2,7 @@
 //! release and decline, relays with option 82, proxyDHCP, and two instances allocating from one
 //! PostgreSQL pool under contention without giving an address twice.
 
-mod support;
+use crate::support;
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;

@@ -2,8 +2,7 @@
 //! Supermicro, DMTF sample) served by `sushy-static`. Every expected value below was read from the
 //! mockup JSON in `../shared/redfish-mockups`.
 
-#[path = "support/bmc_peers.rs"]
-mod peers;
+use crate::support::bmc_peers as peers;
 
 use std::time::Duration;
 

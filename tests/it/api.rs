@@ -1,6 +1,6 @@
 //! The inventory API over real HTTP, against SQLite and against PostgreSQL.
 
-mod support;
+use crate::support;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};

@@ -4,10 +4,9 @@
 //! inspection and capability probing. Every test also checks that the BMC password appears in no
 //! API answer, no event, no CLI output and no log line (the server's logs are captured).
 
-mod support;
+use crate::support;
 
-#[path = "support/bmc_peers.rs"]
-mod peers;
+use crate::support::bmc_peers as peers;
 
 use std::io::Write;
 use std::sync::atomic::{AtomicUsize, Ordering};

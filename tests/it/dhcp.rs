@@ -2,10 +2,7 @@
 //! `udhcpc` asks from another one over a veth pair, as BIOS PXE, UEFI PXE, UEFI HTTP boot, iPXE and
 //! a plain client.
 
-mod support;
-
-#[path = "support/netns.rs"]
-mod netns;
+use crate::support::netns;
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,22 @@
+//! Plinth's integration tests, in one test binary: one link instead of one per file keeps the
+//! debug build small and fast on a 2-core CI machine. Each module is one area; `support` holds the
+//! shared harness (test servers and databases, network namespaces, real peers).
+
+#[macro_use]
+mod support;
+
+mod api;
+mod bmc_api;
+mod bmc_emulator;
+mod bmc_faults;
+mod bmc_mockups;
+mod boot;
+mod cli;
+mod dhcp;
+mod dhcp_peers;
+mod dhcp_service;
+mod talos_cli;
+mod talos_patch;
+mod talos_schema;
+mod talos_secrets;
+mod vm_boot;
