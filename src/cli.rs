@@ -55,7 +55,7 @@ pub enum Command {
     /// Talos clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
-    /// Talos machine configs: patch and validate files.
+    /// Talos machine configs: generate, patch and validate files.
     #[command(subcommand)]
     Config(ConfigCommand),
 }
@@ -86,6 +86,35 @@ pub enum ConfigCommand {
         /// The JSON schema of that version (config.schema.json from the Talos release).
         #[arg(long)]
         schema: PathBuf,
+    },
+    /// Generate the base machine config of a role from a secrets bundle, natively, in the shape
+    /// `talosctl gen config` writes for that Talos release, and print it. Control-plane configs
+    /// carry the cluster's private keys: keep them out of Git.
+    Generate {
+        /// The secrets bundle (from `plinth cluster init` or `talosctl gen secrets`).
+        #[arg(long)]
+        secrets: PathBuf,
+        /// Cluster name.
+        #[arg(long)]
+        name: String,
+        /// Control-plane endpoint, e.g. https://10.0.0.10:6443.
+        #[arg(long)]
+        endpoint: String,
+        /// Target Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        talos_version: String,
+        /// `controlplane` or `worker`.
+        #[arg(long)]
+        role: String,
+        /// Kubernetes version (default: that of the Talos release).
+        #[arg(long)]
+        kubernetes_version: Option<String>,
+        /// Installer image (default: ghcr.io/siderolabs/installer:<talos-version>).
+        #[arg(long)]
+        install_image: Option<String>,
+        /// Install disk, e.g. /dev/sda (default: none, left to the machine's facts).
+        #[arg(long)]
+        install_disk: Option<String>,
     },
 }
 
@@ -154,6 +183,39 @@ pub fn config(cmd: ConfigCommand) -> anyhow::Result<()> {
                 }
                 Err(e) => return Err(e.into()),
             }
+        }
+        ConfigCommand::Generate {
+            secrets,
+            name,
+            endpoint,
+            talos_version,
+            role,
+            kubernetes_version,
+            install_image,
+            install_disk,
+        } => {
+            use crate::domain::Role;
+            use crate::talos::generate::{generate, GenerateOptions};
+            use crate::talos::secrets::SecretsBundle;
+            let version: TalosVersion = talos_version
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--talos-version: {e}"))?;
+            let role = match role.trim().to_ascii_lowercase().as_str() {
+                "controlplane" | "control-plane" => Role::ControlPlane,
+                "worker" => Role::Worker,
+                other => bail!("--role: `{other}` is not one of: controlplane, worker"),
+            };
+            let text = std::fs::read_to_string(&secrets)
+                .with_context(|| format!("cannot read {}", secrets.display()))?;
+            let bundle =
+                SecretsBundle::parse(&text).with_context(|| format!("{}", secrets.display()))?;
+            let opts = GenerateOptions {
+                kubernetes_version,
+                install_image,
+                install_disk,
+                ..GenerateOptions::new(name, endpoint, version)
+            };
+            say(generate(&bundle, role, &opts)?.to_yaml()?.trim_end());
         }
     }
     Ok(())

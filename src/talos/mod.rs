@@ -1,14 +1,16 @@
 //! Talos machine configuration, as pure data: the multi-document config itself
 //! ([`MachineConfig`]), Talos versions ([`TalosVersion`]), strategic-merge and RFC 6902 patches
 //! ([`patch`]), stable install-disk selection ([`disk`]), Image Factory schematic ids
-//! ([`schematic`]), schema and semantic validation ([`validate`]) and layered rendering
-//! ([`render`]).
+//! ([`schematic`]), schema and semantic validation ([`validate`]), layered rendering
+//! ([`render`]) and native generation of a role's base config from a secrets bundle
+//! ([`generate`]).
 //!
 //! This module owns the meaning of a Talos config. It performs no I/O beyond reading a file whose
 //! path it is given (a patch, a JSON schema) and must not import tokio, sqlx, axum, reqwest or any
 //! front door; it depends only on `crate::domain` for machine facts.
 
 pub mod disk;
+pub mod generate;
 pub mod patch;
 pub mod render;
 pub mod schematic;

@@ -1,5 +1,5 @@
-//! `plinth config patch` and `plinth config validate` as a user runs them, on the shared Talos
-//! reference data.
+//! `plinth config generate`, `plinth config patch` and `plinth config validate` as a user runs
+//! them, on the shared Talos reference data.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -135,4 +135,65 @@ fn config_validate_accepts_real_configs_and_names_bad_fields() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("machine.type"), "{err}");
+}
+
+#[test]
+fn config_generate_prints_configs_that_validate() {
+    let secrets = shared().join("talos/configs/secrets.yaml");
+    let bundle = std::fs::read_to_string(&secrets).expect("secrets");
+    let bundle: serde_yaml_ng::Value = serde_yaml_ng::from_str(&bundle).expect("bundle");
+    let os_key = bundle["certs"]["os"]["key"].as_str().expect("os key");
+    let dir = tempfile::tempdir().expect("tmp");
+    for (version, schema, role) in [
+        ("v1.11.6", "config.schema.v1.11.6.json", "controlplane"),
+        ("v1.11.6", "config.schema.v1.11.6.json", "worker"),
+        ("v1.13.9", "config.schema.v1.13.9.json", "controlplane"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["config", "generate", "--secrets"])
+            .arg(&secrets)
+            .args(["--name", "test", "--endpoint", "https://1.2.3.4:6443"])
+            .args(["--talos-version", version, "--role", role])
+            .args(["--install-disk", "/dev/sda"])
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{version} {role}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert!(text.contains(&format!("type: {role}")), "{text}");
+        assert_eq!(
+            text.contains(os_key),
+            role == "controlplane",
+            "{version} {role}"
+        );
+        let file = dir.path().join(format!("{version}-{role}.yaml"));
+        std::fs::write(&file, &text).expect("write");
+        let out = Command::new(BIN)
+            .args(["config", "validate"])
+            .arg(&file)
+            .args(["--version", version, "--schema"])
+            .arg(shared().join("talos/schemas").join(schema))
+            .output()
+            .expect("run");
+        assert!(
+            out.status.success(),
+            "{version} {role}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    let out = Command::new(BIN)
+        .args(["config", "generate", "--secrets"])
+        .arg(&secrets)
+        .args(["--name", "test", "--endpoint", "https://1.2.3.4:6443"])
+        .args(["--talos-version", "v1.11.6", "--role", "master"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--role"), "{err}");
+    assert!(out.stdout.is_empty());
 }
