@@ -205,6 +205,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         let stop = shutdown.clone();
         tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, stop).await });
     }
+    let secrets_for_configs = secrets.clone();
     let inventory = Inventory::new(store.clone(), secrets);
     let bmc = BmcService::new(
         inventory.clone(),
@@ -220,7 +221,13 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         tasks.spawn(async move { crate::tftp::serve(sock, root, opts, m, stop).await });
     }
     let bootable = bootable_arches(&config.ipxe_dir);
+    let configs = crate::service::ConfigService::new(
+        store.clone(),
+        secrets_for_configs,
+        config.talos_schema_dir.clone(),
+    );
     let state = AppState {
+        configs,
         inventory,
         tokens: Tokens::new(store),
         bmc,

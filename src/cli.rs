@@ -55,9 +55,18 @@ pub enum Command {
     /// Talos clusters.
     #[command(subcommand)]
     Cluster(ClusterCommand),
-    /// Talos machine configs: generate, patch and validate files.
+    /// Talos machine configs: generate, patch and validate files; render and diff a machine's.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Load a declarative inventory directory (clusters, profiles, sites, racks, machines) into
+    /// the database; prints what changes and the diff of every machine's config (secrets redacted).
+    Apply {
+        /// The directory (see inventory/ in the repository).
+        dir: PathBuf,
+        /// Show what would change; write nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// `plinth config ...`.
@@ -116,12 +125,26 @@ pub enum ConfigCommand {
         #[arg(long)]
         install_disk: Option<String>,
     },
+    /// Print the config Plinth would serve a machine now (from the database; it carries the
+    /// cluster's secrets). Warnings and the install disk go to stderr.
+    Render {
+        /// The machine (id, host name, MAC, serial, asset tag or SMBIOS UUID).
+        machine: String,
+    },
+    /// Compare a machine's config now with the one it was last served (secrets redacted).
+    Diff {
+        /// The machine.
+        machine: String,
+    },
 }
 
 /// Run `plinth config ...`.
 pub fn config(cmd: ConfigCommand) -> anyhow::Result<()> {
     use crate::talos::{patch, validate, MachineConfig, TalosVersion};
     match cmd {
+        ConfigCommand::Render { .. } | ConfigCommand::Diff { .. } => {
+            bail!("`config render` and `config diff` read the database: run them through `plinth`")
+        }
         ConfigCommand::Patch {
             file,
             patches,
@@ -470,6 +493,26 @@ pub enum MachineCommand {
     /// Inspect a machine through its BMC and update the inventory; prints what changed and the
     /// conflicts that were not written.
     Inspect {
+        /// The machine.
+        machine: String,
+    },
+    /// Open the machine's provisioning window (its config must render and validate; it becomes
+    /// `provisioning` and its next network boot installs Talos), or close it with `--close`.
+    Provision {
+        /// The machine.
+        machine: String,
+        /// How long the window stays open, seconds (60-86400).
+        #[arg(long, default_value_t = 3600)]
+        ttl: u32,
+        /// Wipe the system disk on the install boot.
+        #[arg(long)]
+        wipe: bool,
+        /// Close the window instead.
+        #[arg(long)]
+        close: bool,
+    },
+    /// Whether a machine's config renders, its digest, warnings and provisioning window.
+    Config {
         /// The machine.
         machine: String,
     },
@@ -1077,6 +1120,66 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 )
                 .await?;
             emit(args.json, &m, print_machine);
+        }
+        MachineCommand::Provision {
+            machine,
+            ttl,
+            wipe,
+            close,
+        } => {
+            let (_, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            if close {
+                api.send(api.req(Method::DELETE, &format!("/machines/{id}/provision")))
+                    .await?;
+                say(format!("{machine}: provisioning window closed"));
+            } else {
+                let (_, w) = api
+                    .send(
+                        api.req(Method::POST, &format!("/machines/{id}/provision"))
+                            .json(&json!({"ttl_seconds": ttl, "wipe": wipe})),
+                    )
+                    .await?;
+                if args.json {
+                    say(&w);
+                } else {
+                    for warning in w["warnings"].as_array().into_iter().flatten() {
+                        eprintln!("warning: {}", s(warning));
+                    }
+                    say(format!(
+                        "{machine}: provisioning window open until {}; config sha256 {}; network-boot the machine to install",
+                        s(&w["window"]["expires_at"]),
+                        s(&w["sha256"])
+                    ));
+                }
+            }
+        }
+        MachineCommand::Config { machine } => {
+            let (_, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, c) = api
+                .send(api.req(Method::GET, &format!("/machines/{id}/config")))
+                .await?;
+            if args.json {
+                say(&c);
+            } else {
+                say(format!(
+                    "valid: {}\nsha256: {}\ntalos: {}\ninstall disk: {}\nwindow open: {}\nlast served: {} {}",
+                    c["valid"],
+                    s(&c["sha256"]),
+                    s(&c["talos_version"]),
+                    s(&c["install_disk"]),
+                    c["window_open"],
+                    s(&c["served_sha256"]),
+                    s(&c["served_at"])
+                ));
+                if let Some(e) = c["error"].as_str() {
+                    say(format!("error: {e}"));
+                }
+                for w in c["warnings"].as_array().into_iter().flatten() {
+                    say(format!("warning: {}", s(w)));
+                }
+            }
         }
         MachineCommand::Rm { machine } => {
             let (version, m) = api.get_machine(&machine).await?;

@@ -63,6 +63,20 @@ pub struct RawConfig {
     /// `[tftp]`.
     #[serde(default)]
     pub tftp: RawTftp,
+    /// `[talos]`.
+    #[serde(default)]
+    pub talos: RawTalos,
+}
+
+/// `[talos]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTalos {
+    /// Directory of Talos JSON schemas, `config.schema.v<major>.<minor>.<patch>.json` (the file
+    /// `pkg/machinery/config/schemas/config.schema.json` of each Talos release). Every rendered
+    /// config is checked against the schema of its target version; without this, only Talos'
+    /// own rules are checked.
+    pub schema_dir: Option<PathBuf>,
 }
 
 /// `[boot]`.
@@ -240,6 +254,8 @@ pub struct Config {
     pub ipxe_dir: PathBuf,
     /// TFTP, when enabled.
     pub tftp: Option<TftpConfig>,
+    /// Talos JSON schemas (`[talos].schema_dir`).
+    pub talos_schema_dir: Option<PathBuf>,
 }
 
 /// Validated `[tftp]`.
@@ -583,7 +599,20 @@ impl RawConfig {
         } else {
             None
         };
+        let talos_schema_dir = match self.talos.schema_dir {
+            Some(d) if !d.is_dir() => {
+                return Err(ConfigError::new(
+                    "talos.schema_dir",
+                    format!(
+                        "{} is not a directory: point it at a directory of config.schema.v<version>.json files",
+                        d.display()
+                    ),
+                ))
+            }
+            other => other,
+        };
         Ok(Config {
+            talos_schema_dir,
             dhcp,
             boot_public_url,
             ipxe_dir,

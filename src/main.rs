@@ -128,7 +128,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Machine(args) => plinth::cli::machine(args).await,
         Command::Bmc(args) => plinth::cli_bmc::bmc(args).await,
         Command::Cluster(cmd) => plinth::cli::cluster(cmd),
+        Command::Config(plinth::cli::ConfigCommand::Render { machine }) => {
+            plinth::cli_config::render(&load()?, &machine).await
+        }
+        Command::Config(plinth::cli::ConfigCommand::Diff { machine }) => {
+            plinth::cli_config::diff(&load()?, &machine).await
+        }
         Command::Config(cmd) => plinth::cli::config(cmd),
+        Command::Apply { dir, dry_run } => {
+            let config = load()?;
+            plinth::cli_config::apply(&config, &dir, dry_run).await
+        }
         Command::Image(cmd) => {
             let config = load()?;
             plinth::cli::image(

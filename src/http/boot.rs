@@ -16,7 +16,8 @@ use serde::Deserialize;
 
 use super::AppState;
 use crate::domain::boot::{
-    arch_of_buildarch, decide, generic_script, is_placeholder, machine_script,
+    arch_of_buildarch, decide, generic_script, is_placeholder, machine_script, BootPlan,
+    InstallAssets,
 };
 use crate::domain::dhcp::Arch;
 use crate::domain::{Interface, LifecycleState, MacAddr, Machine, MachineSpec, UniqueKey};
@@ -152,6 +153,55 @@ async fn find_or_discover(
     }
 }
 
+/// What an install boot of `m` loads: the cached kernel and initramfs of its cluster's Talos
+/// version and schematic, and its config URL with a token minted for this boot. `Ok(None)`: no
+/// provisioning window is open; `Err`: why it cannot install yet (shown on the console).
+async fn install_assets(
+    s: &AppState,
+    m: &Machine,
+    arch: Arch,
+    base: &str,
+) -> Result<Option<InstallAssets>, String> {
+    let ticket = match s.configs.install_ticket(m).await {
+        Ok(Some(t)) => t,
+        Ok(None) => return Ok(None),
+        Err(e) => {
+            tracing::warn!(machine = %m.id, error = %e, "boot: the machine's config does not render");
+            return Err(format!("the machine config does not render: {e}"));
+        }
+    };
+    let (kernel, initramfs) = (
+        crate::images::kernel_name(arch),
+        crate::images::initramfs_name(arch),
+    );
+    for f in [&kernel, &initramfs] {
+        match s.boot.images.path(&ticket.schematic_id, &ticket.talos_version, f) {
+            Ok(Some(_)) => {}
+            _ => {
+                return Err(format!(
+                    "Talos {} {f} of schematic {} is not in the image cache: plinth image import or pull it",
+                    ticket.talos_version, ticket.schematic_id
+                ))
+            }
+        }
+    }
+    let images = format!(
+        "{base}/images/{}/{}",
+        ticket.schematic_id, ticket.talos_version
+    );
+    Ok(Some(InstallAssets {
+        kernel_url: format!("{images}/{kernel}"),
+        initramfs_url: format!("{images}/{initramfs}"),
+        // Talos substitutes ${uuid} in the query string only (iPXE may already have).
+        config_url: format!(
+            "{base}/config/{}?token={}&uuid=${{uuid}}",
+            m.id, ticket.token
+        ),
+        extra_args: ticket.kernel_args,
+        wipe: ticket.wipe,
+    }))
+}
+
 /// `GET /boot/machine.ipxe?mac=..&uuid=..`.
 pub async fn machine(
     State(s): State<AppState>,
@@ -184,7 +234,18 @@ pub async fn machine(
                 .into_response();
         }
     };
-    let plan = decide(&m, None);
+    let install = if m.state == LifecycleState::Provisioning {
+        install_assets(&s, &m, arch, &base).await
+    } else {
+        Ok(None)
+    };
+    let plan = match install {
+        Ok(assets) => decide(&m, assets),
+        Err(reason) => BootPlan::Hold {
+            reason,
+            retry_secs: 30,
+        },
+    };
     let self_url = format!(
         "{base}/boot/machine.ipxe?mac={}&uuid={}&buildarch={}&platform={}",
         mac.to_string().replace(':', "-"),

@@ -166,6 +166,11 @@ impl From<ServiceError> for ApiError {
                 ServiceError::NoBmc(name).to_string(),
             ),
             ServiceError::Bmc(b) => Self::from(b),
+            ServiceError::Config(c) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "config_invalid",
+                c.to_string(),
+            ),
         }
     }
 }

@@ -4,6 +4,7 @@
 
 mod bmc;
 mod boot;
+mod configs;
 pub mod error;
 pub mod extract;
 mod files;
@@ -37,6 +38,8 @@ pub struct AppState {
     pub max_body_bytes: usize,
     /// Network-boot settings.
     pub boot: Arc<boot::BootSettings>,
+    /// Machine configs and provisioning windows.
+    pub configs: crate::service::ConfigService,
 }
 
 pub use boot::BootSettings;
@@ -57,6 +60,11 @@ pub fn router(state: AppState) -> Router {
             "/machines/{id}/state",
             axum::routing::post(machines::set_state),
         )
+        .route("/machines/{id}/config", get(configs::status))
+        .route(
+            "/machines/{id}/provision",
+            axum::routing::post(configs::open).delete(configs::close),
+        )
         .route("/events", get(machines::events))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
@@ -67,6 +75,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/boot.ipxe", get(boot::generic))
         .route("/boot/machine.ipxe", get(boot::machine))
+        .route("/config/{id}", get(configs::fetch))
         .route("/ipxe/{file}", get(boot::ipxe_binary))
         .route("/images/{schematic}/{version}/{file}", get(boot::image))
         .route("/metrics", get(metrics::export))

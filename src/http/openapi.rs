@@ -5,7 +5,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::{ErrorBody, ErrorEnvelope};
-use super::{bmc, machines, tokens};
+use super::{bmc, configs, machines, tokens};
 use crate::domain::*;
 use crate::service::bmc::{
     BootMode, BootOnceReport, BootOverride, BootTarget, Capabilities, DriveSource, EtagSupport,
@@ -39,6 +39,7 @@ impl Modify for Bearer {
         tokens::create, tokens::list, tokens::revoke,
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
+        configs::status, configs::open, configs::close,
     ),
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
@@ -48,6 +49,7 @@ impl Modify for Bearer {
         BootTarget, BootMode, BootOverride, VirtualMediaStatus, MediaLocation, InspectedHardware,
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
+        configs::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
     )),
     modifiers(&Bearer),
 )]

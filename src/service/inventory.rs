@@ -403,7 +403,8 @@ impl Inventory {
             actor: actor.into(),
             detail: json!({"from": current.state, "to": to, "reason": reason}),
         };
-        self.store
+        let m = self
+            .store
             .set_state(
                 id,
                 Some(current.version),
@@ -422,7 +423,27 @@ impl Inventory {
                     }
                 }
                 other => other.into(),
-            })
+            })?;
+        // A provisioning window means something only while the machine provisions: leaving that
+        // state (installed, failed, maintenance...) closes it. Configs are never served outside
+        // `provisioning` anyway, so a crash between the two writes serves nothing.
+        if to != LifecycleState::Provisioning {
+            let reason = format!("machine is {to}");
+            let close = NewEvent {
+                machine_id: Some(id),
+                kind: "config.window_closed".into(),
+                actor: actor.into(),
+                detail: json!({ "reason": reason }),
+            };
+            if let Err(e) = self
+                .store
+                .close_window(id, chrono::Utc::now(), &reason, &close)
+                .await
+            {
+                tracing::warn!(machine = %id, error = %e, "provisioning window not closed");
+            }
+        }
+        Ok(m)
     }
 
     /// The BMC password of a machine, decrypted, for the Redfish client only.

@@ -4,8 +4,10 @@
 //! `InventoryStore` and `BmcCapabilityStore`, the Redfish client implements `bmc::Bmc`. This module
 //! imports `domain` and nothing from `store`, `http` or any concrete database.
 
+pub mod apply;
 pub mod auth;
 pub mod bmc;
+pub mod config;
 pub mod dhcp;
 pub mod inventory;
 pub mod leases;
@@ -14,6 +16,11 @@ pub mod store;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
 pub use bmc::{BmcCapabilityStore, BmcConnector, BmcService, CapabilityRecord};
+pub use config::{
+    ClusterRecord, ClusterSecretInput, ClusterSpec, ConfigError, ConfigService, ConfigStore,
+    ConfigWrite, GroupKind, GroupSpec, MachinePatches, PatchSource, ProfileSpec, ProvisionWindow,
+    Refusal, RenderedMachine, ServedConfig, Sources,
+};
 pub use inventory::{ImportRow, Inventory, RowError};
 pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
@@ -64,6 +71,18 @@ pub enum ServiceError {
     /// The BMC refused, failed, or did not do what was asked.
     #[error("BMC: {0}")]
     Bmc(#[source] bmc::BmcError),
+    /// A machine config cannot be rendered, or is invalid.
+    #[error("machine config: {0}")]
+    Config(#[source] config::ConfigError),
+}
+
+impl From<config::ConfigError> for ServiceError {
+    fn from(e: config::ConfigError) -> Self {
+        match e {
+            config::ConfigError::Store(s) => ServiceError::from(s),
+            other => ServiceError::Config(other),
+        }
+    }
 }
 
 impl From<StoreError> for ServiceError {

@@ -162,7 +162,12 @@ pub struct MachinePage {
 /// What the service needs from a database.
 #[async_trait]
 pub trait InventoryStore:
-    super::leases::LeaseStore + super::bmc::BmcCapabilityStore + Send + Sync + 'static
+    super::leases::LeaseStore
+    + super::bmc::BmcCapabilityStore
+    + super::config::ConfigStore
+    + Send
+    + Sync
+    + 'static
 {
     /// Is the database reachable?
     async fn ping(&self) -> Result<(), StoreError>;

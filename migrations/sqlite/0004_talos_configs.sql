@@ -1,0 +1,54 @@
+-- Talos machine configs, SQLite dialect. Keep in step with migrations/postgres/0004_talos_configs.sql.
+-- Clusters, profiles and groups come from the declarative inventory directory (`plinth apply`).
+-- Specs are JSON documents (patch texts included); anything secret is a sealed column
+-- (XChaCha20-Poly1305, bound to the row), never JSON.
+CREATE TABLE clusters (
+    name            TEXT PRIMARY KEY NOT NULL CHECK (length(name) BETWEEN 1 AND 63),
+    spec            TEXT NOT NULL,
+    secrets         BLOB,           -- sealed secrets bundle (talosctl gen secrets / plinth cluster init)
+    base_controlplane BLOB,         -- sealed base config given instead of a bundle
+    base_worker     BLOB,
+    secrets_sha256  TEXT NOT NULL,  -- fingerprint of whatever secret input is stored, for diffs
+    updated_at      TEXT NOT NULL,
+    CHECK (secrets IS NOT NULL OR (base_controlplane IS NOT NULL AND base_worker IS NOT NULL))
+);
+
+CREATE TABLE profiles (
+    name        TEXT PRIMARY KEY NOT NULL CHECK (length(name) BETWEEN 1 AND 63),
+    spec        TEXT NOT NULL,
+    updated_at  TEXT NOT NULL
+);
+
+CREATE TABLE config_groups (
+    kind        TEXT NOT NULL CHECK (kind IN ('site', 'rack')),
+    name        TEXT NOT NULL CHECK (length(name) BETWEEN 1 AND 63),
+    spec        TEXT NOT NULL,
+    updated_at  TEXT NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+
+-- Per machine: its own patches, and the config it was last served (sealed) for `config diff`.
+CREATE TABLE machine_configs (
+    machine_id      BLOB PRIMARY KEY NOT NULL REFERENCES machines (id) ON DELETE CASCADE,
+    patches         TEXT NOT NULL DEFAULT '[]',
+    served_config   BLOB,
+    served_sha256   TEXT,
+    served_at       TEXT,
+    CHECK ((served_config IS NULL) = (served_sha256 IS NULL))
+);
+
+-- The provisioning window of a machine: while open (not closed, not expired), its config is served
+-- to a request carrying the token minted into its latest install boot. Only the token's SHA-256 is
+-- stored.
+CREATE TABLE provision_windows (
+    machine_id    BLOB PRIMARY KEY NOT NULL REFERENCES machines (id) ON DELETE CASCADE,
+    opened_at     TEXT NOT NULL,
+    expires_at    TEXT NOT NULL,
+    opened_by     TEXT NOT NULL,
+    wipe          BOOLEAN NOT NULL DEFAULT FALSE,
+    token_sha256  TEXT UNIQUE,
+    token_minted_at TEXT,
+    closed_at     TEXT,
+    close_reason  TEXT,
+    CHECK (expires_at > opened_at)
+);

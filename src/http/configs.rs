@@ -1,0 +1,231 @@
+//! Machine configs over HTTP: `GET /config/{id}` (what Talos fetches through `talos.config=`,
+//! authenticated by the boot's token, the SMBIOS UUID and the source address, never by an API
+//! token), and the operator's view: `GET /api/v1/machines/{id}/config` (does it render, its digest,
+//! warnings, the window; never the config itself) and `POST|DELETE
+//! /api/v1/machines/{id}/provision` (open or close the provisioning window).
+//!
+//! Talos treats only 200 as success and retries anything else with back-off for hours, so the
+//! answers are deliberate and carry no detail: 200 with the config, 404 when nothing may be served
+//! to this machine now, 403 when a window is open but the request does not prove it is the
+//! machine. The reason is in the machine's events, never in the answer or the log line's URL.
+
+use std::net::SocketAddr;
+
+use axum::extract::{ConnectInfo, Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::error::{ApiError, ErrorEnvelope};
+use super::extract::{Caller, JsonBody};
+use super::AppState;
+use crate::domain::MachineId;
+use crate::service::{ApiRole, ProvisionWindow, Refusal};
+
+/// What Talos sends.
+#[derive(Deserialize)]
+pub struct FetchParams {
+    /// The boot's token.
+    token: Option<String>,
+    /// SMBIOS UUID, substituted by Talos from `${uuid}`.
+    uuid: Option<String>,
+}
+
+/// `GET /config/{id}?token=..&uuid=${uuid}`.
+pub async fn fetch(
+    State(s): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(id): Path<String>,
+    Query(q): Query<FetchParams>,
+) -> Response {
+    let Ok(id) = id.parse::<MachineId>() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    match s
+        .configs
+        .fetch(
+            &s.inventory,
+            id,
+            q.token.as_deref(),
+            q.uuid.as_deref(),
+            peer.ip(),
+        )
+        .await
+    {
+        Ok(yaml) => (
+            [
+                (header::CONTENT_TYPE, "application/yaml"),
+                (header::CACHE_CONTROL, "no-store"),
+            ],
+            yaml,
+        )
+            .into_response(),
+        Err(Refusal::NotFound) => StatusCode::NOT_FOUND.into_response(),
+        Err(Refusal::Forbidden) => StatusCode::FORBIDDEN.into_response(),
+    }
+}
+
+/// The operator's view of a machine's config.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ConfigStatus {
+    /// Whether the config renders and validates now.
+    pub valid: bool,
+    /// Why not.
+    pub error: Option<String>,
+    /// SHA-256 of the config it would serve now.
+    pub sha256: Option<String>,
+    /// Target Talos version.
+    pub talos_version: Option<String>,
+    /// Image Factory schematic.
+    pub schematic_id: Option<String>,
+    /// The install disk and how it is pinned.
+    pub install_disk: Option<String>,
+    /// Warnings.
+    pub warnings: Vec<String>,
+    /// The provisioning window.
+    pub window: Option<ProvisionWindow>,
+    /// Whether the window is open now.
+    pub window_open: bool,
+    /// SHA-256 of the config last served.
+    pub served_sha256: Option<String>,
+    /// When it was served.
+    pub served_at: Option<DateTime<Utc>>,
+}
+
+/// Whether a machine's config renders and validates, and its provisioning window. Never the
+/// config itself (it carries cluster secrets): `plinth config render` shows it to an operator
+/// with database access.
+#[utoipa::path(get, path = "/api/v1/machines/{id}/config", tag = "configs",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = ConfigStatus), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn status(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ConfigStatus>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let m = s.inventory.resolve(&id).await?;
+    let rendered = s.configs.render_machine(&m).await;
+    let store = s.configs.store();
+    let window = store
+        .window(m.id)
+        .await
+        .map_err(crate::service::ServiceError::from)?;
+    let (_, served) = store
+        .machine_config(m.id)
+        .await
+        .map_err(crate::service::ServiceError::from)?;
+    let now = Utc::now();
+    let (valid, error, r) = match rendered {
+        Ok(r) => (true, None, Some(r)),
+        Err(e) => (false, Some(e.to_string()), None),
+    };
+    Ok(Json(ConfigStatus {
+        valid,
+        error,
+        sha256: r.as_ref().map(|r| r.sha256.clone()),
+        talos_version: r.as_ref().map(|r| r.version.to_string()),
+        schematic_id: r.as_ref().map(|r| r.schematic_id.clone()),
+        install_disk: r.as_ref().and_then(|r| r.install_disk.clone()),
+        warnings: r.map(|r| r.warnings).unwrap_or_default(),
+        window_open: window.as_ref().is_some_and(|w| w.is_open(now)),
+        window,
+        served_sha256: served.as_ref().map(|s| s.sha256.clone()),
+        served_at: served.map(|s| s.at),
+    }))
+}
+
+/// Opening a provisioning window.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OpenWindow {
+    /// How long the window stays open, seconds (60-86400, default 3600).
+    #[serde(default)]
+    pub ttl_seconds: Option<u32>,
+    /// Wipe the system disk on the install boot (`talos.experimental.wipe=system`).
+    #[serde(default)]
+    pub wipe: bool,
+}
+
+/// An opened window.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct WindowOpened {
+    /// The window.
+    pub window: ProvisionWindow,
+    /// SHA-256 of the config it will serve.
+    pub sha256: String,
+    /// Warnings of the render.
+    pub warnings: Vec<String>,
+}
+
+/// Open the machine's provisioning window: its config must render and validate (422 naming why
+/// not); the machine becomes `provisioning`, and its next network boot installs Talos with a
+/// token minted for that boot.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/provision", tag = "configs", request_body = OpenWindow,
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = WindowOpened), (status = 409, body = ErrorEnvelope, description = "the lifecycle does not allow provisioning now"),
+              (status = 422, body = ErrorEnvelope, description = "the config does not render or validate")),
+    security(("bearer" = [])))]
+pub async fn open(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<OpenWindow>,
+) -> Result<Json<WindowOpened>, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let ttl = req.ttl_seconds.unwrap_or(3600);
+    if !(60..=86_400).contains(&ttl) {
+        let mut e = crate::domain::ValidationErrors::default();
+        e.push("ttl_seconds", "must be between 60 and 86400");
+        return Err(crate::service::ServiceError::Invalid(e).into());
+    }
+    let m = s.inventory.resolve(&id).await?;
+    let (window, rendered) = s
+        .configs
+        .open_window(
+            &s.inventory,
+            m.id,
+            chrono::Duration::seconds(i64::from(ttl)),
+            req.wipe,
+            &caller.actor(),
+        )
+        .await
+        .map_err(|e| match e {
+            crate::service::config::OpenError::Service(e) => ApiError::from(e),
+            crate::service::config::OpenError::Config(c) => {
+                ApiError::from(crate::service::ServiceError::from(c))
+            }
+        })?;
+    tracing::info!(machine = %m.id, actor = %caller.actor(), expires_at = %window.expires_at, "provisioning window opened");
+    Ok(Json(WindowOpened {
+        window,
+        sha256: rendered.sha256,
+        warnings: rendered.warnings,
+    }))
+}
+
+/// Close the machine's provisioning window: its config is no longer served.
+#[utoipa::path(delete, path = "/api/v1/machines/{id}/provision", tag = "configs",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 204, description = "closed"), (status = 404, body = ErrorEnvelope, description = "no open window")),
+    security(("bearer" = [])))]
+pub async fn close(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let m = s.inventory.resolve(&id).await?;
+    if s.configs
+        .close_window(m.id, "closed by an operator", &caller.actor())
+        .await
+        .map_err(crate::service::ServiceError::from)?
+    {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(crate::service::ServiceError::NotFound("open provisioning window".into()).into())
+    }
+}

@@ -1,0 +1,351 @@
+//! `plinth apply`: bring the database in line with a declarative inventory directory. First a plan
+//! (what is created, changed or left alone, and the diff of every machine's rendered config, secrets
+//! redacted), then, unless it is a dry run and only when every affected config renders and
+//! validates, the writes: machines through `Inventory` (validation, conflicts, events), then
+//! clusters, profiles, groups and machine patches in one transaction.
+//!
+//! Nothing is deleted: objects in the database that the directory no longer declares are listed.
+//! Imports `domain`, `talos` (through `config`) and the rest of `service` only.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::config::{config_diff, ConfigService, ConfigWrite, Sources};
+use super::{
+    ClusterSecretInput, ClusterSpec, GroupSpec, Inventory, MachinePatches, NewEvent, ProfileSpec,
+    ServiceError,
+};
+use crate::domain::{Machine, MachineId, MachineSpec, UniqueKey};
+
+/// Everything a directory declares.
+#[derive(Clone, Debug, Default)]
+pub struct Declared {
+    /// Clusters with their secret input (in memory only).
+    pub clusters: Vec<(ClusterSpec, ClusterSecretInput)>,
+    /// Profiles.
+    pub profiles: Vec<ProfileSpec>,
+    /// Sites and racks.
+    pub groups: Vec<GroupSpec>,
+    /// Machines.
+    pub machines: Vec<DeclaredMachine>,
+}
+
+/// A declared machine.
+#[derive(Clone, Debug)]
+pub struct DeclaredMachine {
+    /// File and document it came from.
+    pub origin: String,
+    /// Its validated spec (host name set: it is the key).
+    pub spec: MachineSpec,
+    /// Its own patches and kernel arguments.
+    pub patches: MachinePatches,
+}
+
+/// What happens to one object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// New.
+    Create,
+    /// Changed.
+    Update,
+    /// Same as in the database.
+    Unchanged,
+}
+
+impl Action {
+    fn of<T: PartialEq>(before: Option<&T>, after: &T) -> Action {
+        match before {
+            None => Action::Create,
+            Some(b) if b == after => Action::Unchanged,
+            Some(_) => Action::Update,
+        }
+    }
+
+    /// `create`, `update`, `unchanged`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Create => "create",
+            Action::Update => "update",
+            Action::Unchanged => "unchanged",
+        }
+    }
+}
+
+/// The plan (and, after a real run, the record) of an apply.
+#[derive(Clone, Debug, Default)]
+pub struct ApplyReport {
+    /// (object, action), e.g. ("Cluster prod", Update).
+    pub objects: Vec<(String, Action)>,
+    /// (machine, unified diff of its rendered config, secrets redacted).
+    pub config_diffs: Vec<(String, String)>,
+    /// Machines whose config does not render or validate after the apply (nothing is written).
+    pub errors: Vec<String>,
+    /// Warnings per machine, and objects the directory no longer declares.
+    pub notes: Vec<String>,
+    /// Whether the database was written.
+    pub applied: bool,
+}
+
+impl ApplyReport {
+    /// Whether anything would change.
+    pub fn changes(&self) -> usize {
+        self.objects
+            .iter()
+            .filter(|(_, a)| *a != Action::Unchanged)
+            .count()
+    }
+}
+
+fn machine_name(spec: &MachineSpec, id: Option<MachineId>) -> String {
+    spec.hostname
+        .clone()
+        .or_else(|| id.map(|i| i.to_string()))
+        .unwrap_or_else(|| "?".into())
+}
+
+/// The merge patch that brings `current` to `declared`: the declared fields (absent ones are left
+/// alone), and whether it changes anything.
+fn machine_patch(current: &MachineSpec, declared: &MachineSpec) -> (Value, bool) {
+    let mut patch = serde_json::to_value(declared).unwrap_or(Value::Null);
+    if let Value::Object(o) = &mut patch {
+        o.retain(|_, v| !v.is_null() && v != &Value::Array(Vec::new()));
+    }
+    let mut merged = serde_json::to_value(current).unwrap_or(Value::Null);
+    super::inventory::merge_patch(&mut merged, &patch);
+    let changed = merged != serde_json::to_value(current).unwrap_or(Value::Null);
+    (patch, changed)
+}
+
+/// Plan (and unless `dry_run`, apply) a declared inventory.
+pub async fn apply(
+    configs: &ConfigService,
+    inventory: &Inventory,
+    declared: Declared,
+    dry_run: bool,
+    actor: &str,
+) -> Result<ApplyReport, ServiceError> {
+    let store = configs.store();
+    let mut report = ApplyReport::default();
+    let before = configs.sources().await?;
+
+    // Clusters, profiles, groups: the new sources are the old ones overlaid with the declared.
+    let mut write = ConfigWrite::default();
+    let mut after = before.clone();
+    for (spec, secret) in &declared.clusters {
+        let rec = configs.seal_cluster(spec.clone(), secret)?;
+        let old = before.clusters.get(&spec.name);
+        let action = match old {
+            None => Action::Create,
+            Some(o) if o.spec == rec.spec && o.secrets_sha256 == rec.secrets_sha256 => {
+                Action::Unchanged
+            }
+            Some(_) => Action::Update,
+        };
+        report
+            .objects
+            .push((format!("Cluster {}", spec.name), action));
+        if action != Action::Unchanged {
+            after.clusters.insert(spec.name.clone(), rec.clone());
+            write.clusters.push(rec);
+        }
+    }
+    for p in &declared.profiles {
+        let action = Action::of(before.profiles.get(&p.name), p);
+        report.objects.push((format!("Profile {}", p.name), action));
+        if action != Action::Unchanged {
+            after.profiles.insert(p.name.clone(), p.clone());
+            write.profiles.push(p.clone());
+        }
+    }
+    for g in &declared.groups {
+        let key = (g.kind, g.name.clone());
+        let action = Action::of(before.groups.get(&key), g);
+        report
+            .objects
+            .push((format!("{} {}", kind_title(g), g.name), action));
+        if action != Action::Unchanged {
+            after.groups.insert(key, g.clone());
+            write.groups.push(g.clone());
+        }
+    }
+    note_undeclared(&declared, &before, &mut report);
+
+    // Machines: every machine of the database (its config may change through a shared layer),
+    // plus the declared ones.
+    let patches: HashMap<MachineId, MachinePatches> =
+        store.all_machine_patches().await?.into_iter().collect();
+    let mut current: Vec<Machine> = Vec::new();
+    let mut filter = super::MachineFilter {
+        limit: 1000,
+        ..Default::default()
+    };
+    loop {
+        let page = store.list_machines(&filter).await?;
+        current.extend(page.items);
+        match page.next_cursor.and_then(|c| c.parse().ok()) {
+            Some(n) => filter.after = Some(n),
+            None => break,
+        }
+    }
+    let mut by_host: HashMap<String, usize> = HashMap::new();
+    for (i, m) in current.iter().enumerate() {
+        if let Some(h) = &m.hostname {
+            by_host.insert(h.clone(), i);
+        }
+    }
+    struct Planned {
+        existing: Option<usize>,
+        spec_after: MachineSpec,
+        patches_after: MachinePatches,
+        patch: Option<Value>,
+    }
+    let mut planned: Vec<Planned> = Vec::new();
+    let mut declared_hosts = std::collections::HashSet::new();
+    for d in &declared.machines {
+        let host = d.spec.hostname.clone().unwrap_or_default();
+        declared_hosts.insert(host.clone());
+        let existing = by_host.get(&host).copied();
+        let (spec_after, patch, action) = match existing {
+            None => (d.spec.clone(), None, Action::Create),
+            Some(i) => {
+                let cur = current[i].spec();
+                let (patch, changed) = machine_patch(&cur, &d.spec);
+                let old_patches = patches.get(&current[i].id).cloned().unwrap_or_default();
+                let mut merged = serde_json::to_value(&cur).unwrap_or(Value::Null);
+                super::inventory::merge_patch(&mut merged, &patch);
+                let spec_after: MachineSpec = serde_json::from_value(merged).unwrap_or(cur);
+                let action = if changed || old_patches != d.patches {
+                    Action::Update
+                } else {
+                    Action::Unchanged
+                };
+                (spec_after, changed.then_some(patch), action)
+            }
+        };
+        report.objects.push((format!("Machine {host}"), action));
+        planned.push(Planned {
+            existing,
+            spec_after,
+            patches_after: d.patches.clone(),
+            patch,
+        });
+    }
+    for (i, m) in current.iter().enumerate() {
+        if m.hostname
+            .as_ref()
+            .is_some_and(|h| declared_hosts.contains(h))
+        {
+            continue;
+        }
+        planned.push(Planned {
+            existing: Some(i),
+            spec_after: m.spec(),
+            patches_after: patches.get(&m.id).cloned().unwrap_or_default(),
+            patch: None,
+        });
+    }
+
+    // Render before and after; collect diffs and errors.
+    for p in &planned {
+        let (id, spec_before, patches_before) = match p.existing {
+            Some(i) => (
+                Some(current[i].id),
+                Some(current[i].spec()),
+                patches.get(&current[i].id).cloned().unwrap_or_default(),
+            ),
+            None => (None, None, MachinePatches::default()),
+        };
+        let name = machine_name(&p.spec_after, id);
+        let in_cluster = |s: &MachineSpec| s.cluster.is_some();
+        let old = spec_before
+            .as_ref()
+            .filter(|s| in_cluster(s))
+            .and_then(|s| configs.render_spec(s, &patches_before, &before).ok());
+        if !in_cluster(&p.spec_after) {
+            continue;
+        }
+        match configs.render_spec(&p.spec_after, &p.patches_after, &after) {
+            Ok(new) => {
+                let d = config_diff(
+                    old.as_ref().map(|r| r.yaml.as_str()),
+                    Some(&new.yaml),
+                    &name,
+                );
+                if !d.is_empty() {
+                    for w in &new.warnings {
+                        report.notes.push(format!("Machine {name}: {w}"));
+                    }
+                    report.config_diffs.push((name, d));
+                }
+            }
+            Err(e) => report.errors.push(format!("Machine {name}: {e}")),
+        }
+    }
+    if dry_run || !report.errors.is_empty() {
+        return Ok(report);
+    }
+
+    // Write: machines first (their ids key the patches), then everything else in one transaction.
+    for (p, d) in planned.iter().zip(declared.machines.iter()) {
+        let id = match p.existing {
+            None => inventory.create(d.spec.clone(), actor).await?.id,
+            Some(i) => {
+                let m = &current[i];
+                if let Some(patch) = &p.patch {
+                    inventory
+                        .update(m.id, Some(m.version), patch.clone(), actor)
+                        .await?;
+                }
+                m.id
+            }
+        };
+        if p.existing.is_none() || patches.get(&id) != Some(&d.patches) {
+            write.machine_patches.push((id, d.patches.clone()));
+        }
+    }
+    let event = NewEvent {
+        machine_id: None,
+        kind: "inventory.applied".into(),
+        actor: actor.into(),
+        detail: serde_json::json!({
+            "changes": report.objects.iter().filter(|(_, a)| *a != Action::Unchanged)
+                .map(|(o, a)| format!("{} {o}", a.as_str())).collect::<Vec<_>>(),
+        }),
+    };
+    store.put_config_objects(&write, &[event]).await?;
+    report.applied = true;
+    Ok(report)
+}
+
+fn kind_title(g: &GroupSpec) -> &'static str {
+    match g.kind {
+        super::GroupKind::Site => "Site",
+        super::GroupKind::Rack => "Rack",
+    }
+}
+
+fn note_undeclared(declared: &Declared, before: &Sources, report: &mut ApplyReport) {
+    for name in before.clusters.keys() {
+        if !declared.clusters.iter().any(|(c, _)| &c.name == name) {
+            report.notes.push(format!(
+                "Cluster {name} is in the database but not in the directory (left as it is)"
+            ));
+        }
+    }
+    for name in before.profiles.keys() {
+        if !declared.profiles.iter().any(|p| &p.name == name) {
+            report.notes.push(format!(
+                "Profile {name} is in the database but not in the directory (left as it is)"
+            ));
+        }
+    }
+}
+
+/// Find a machine by a reference the CLI takes (id, host name, MAC, serial, asset tag, UUID).
+pub async fn resolve(inventory: &Inventory, reference: &str) -> Result<Machine, ServiceError> {
+    if let Ok(mac) = reference.parse::<crate::domain::MacAddr>() {
+        return inventory.lookup(&UniqueKey::Mac(mac)).await;
+    }
+    inventory.resolve(reference).await
+}
