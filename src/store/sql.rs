@@ -639,7 +639,15 @@ macro_rules! sql_store {
                         q.push(" AND machine_id = ").push_bind(m.0);
                     }
                     if let Some(k) = &f.kind_prefix {
-                        q.push(" AND kind LIKE ").push_bind(format!("{}%", k.replace(['%', '_', '\\'], ""))).push(" ESCAPE '\\'");
+                        let mut pat = String::new();
+                        for c in k.chars() {
+                            if matches!(c, '%' | '_' | '\\') {
+                                pat.push('\\');
+                            }
+                            pat.push(c);
+                        }
+                        pat.push('%');
+                        q.push(" AND kind LIKE ").push_bind(pat).push(" ESCAPE '\\'");
                     }
                     if let Some(a) = f.after_id {
                         q.push(" AND id > ").push_bind(a);

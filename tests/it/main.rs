@@ -16,6 +16,7 @@ mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
 mod talos_cli;
+mod talos_configs;
 mod talos_patch;
 mod talos_schema;
 mod talos_secrets;

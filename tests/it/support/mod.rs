@@ -110,10 +110,10 @@ pub fn config(db: &TestDb, extra_toml: &str) -> plinth::config::Config {
         db.dir.path().display(),
         db.dir.path().join("test.key").display()
     );
-    let _ = std::fs::write(
-        db.dir.path().join("test.key"),
-        plinth::service::SecretBox::generate_key_text(),
-    );
+    let key = db.dir.path().join("test.key");
+    if !key.exists() {
+        let _ = std::fs::write(&key, plinth::service::SecretBox::generate_key_text());
+    }
     RawConfig::parse(&toml)
         .expect("test config")
         .validate(&Overrides {

@@ -1,0 +1,742 @@
+//! Talos machine configs end to end: the example `inventory/` directory through `plinth apply`
+//! (dry run, apply, idempotence, diffs with secrets redacted, refusals), `plinth config render`
+//! validated against the shared Talos schemas, and config delivery over HTTP on both backends:
+//! right token, wrong token, wrong UUID, wrong source address, expired window, replay after the
+//! window closed, and the boot script that mints the token.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+
+use crate::support::{self, Backend, TestServer};
+use plinth::service::{ConfigService, Inventory};
+use plinth::talos::validate::SchemaValidator;
+use plinth::talos::{MachineConfig, TalosVersion};
+
+const BIN: &str = env!("CARGO_BIN_EXE_plinth");
+
+fn shared() -> PathBuf {
+    std::env::var_os("PLINTH_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
+}
+
+fn schemas() -> PathBuf {
+    shared().join("talos/schemas")
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for e in std::fs::read_dir(from).expect("read dir").flatten() {
+        let p = e.path();
+        let t = to.join(e.file_name());
+        if p.is_dir() {
+            copy_dir(&p, &t);
+        } else {
+            std::fs::copy(&p, &t).expect("copy");
+        }
+    }
+}
+
+struct Cli {
+    config: PathBuf,
+}
+
+impl Cli {
+    fn run(&self, args: &[&str]) -> (bool, String, String) {
+        let out = Command::new(BIN)
+            .arg("--config")
+            .arg(&self.config)
+            .args(args)
+            .output()
+            .expect("plinth runs");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn ok(&self, args: &[&str]) -> (String, String) {
+        let (ok, out, err) = self.run(args);
+        assert!(ok, "plinth {args:?} failed:\n{err}\n{out}");
+        (out, err)
+    }
+}
+
+/// The repository's example directory in a temp dir, its cluster's secrets written by `plinth
+/// cluster init` next to (outside) it.
+fn example(tmp: &Path) -> (Cli, PathBuf, String) {
+    let inv = tmp.join("inventory");
+    copy_dir(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("inventory"),
+        &inv,
+    );
+    let secrets = tmp.join("prod-secrets.yaml");
+    let out = Command::new(BIN)
+        .args([
+            "cluster",
+            "init",
+            "prod",
+            "--endpoint",
+            "https://10.20.0.10:6443",
+            "--out",
+        ])
+        .arg(&secrets)
+        .output()
+        .expect("cluster init");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cluster = inv.join("clusters/prod.yaml");
+    let text = std::fs::read_to_string(&cluster).expect("cluster file");
+    std::fs::write(
+        &cluster,
+        text.replace(
+            "/etc/plinth/secrets/prod.yaml",
+            &secrets.display().to_string(),
+        ),
+    )
+    .expect("write");
+    let config = tmp.join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[talos]\nschema_dir = \"{}\"\n",
+            tmp.join("data").display(),
+            schemas().display()
+        ),
+    )
+    .expect("config");
+    let bundle = std::fs::read_to_string(&secrets).expect("bundle");
+    (Cli { config }, inv, bundle)
+}
+
+/// Private-key material of a bundle: base64 values under `key:` and the tokens.
+fn secret_values(bundle: &str) -> Vec<String> {
+    bundle
+        .lines()
+        .filter_map(|l| {
+            let t = l.trim();
+            [
+                "key:",
+                "token:",
+                "bootstraptoken:",
+                "secretboxencryptionsecret:",
+                "secret:",
+            ]
+            .iter()
+            .find_map(|k| t.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+        })
+        .filter(|v| v.len() >= 16)
+        .collect()
+}
+
+#[test]
+fn example_inventory_applies_renders_and_diffs() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (cli, inv, bundle) = example(tmp.path());
+    let inv_s = inv.to_str().expect("utf-8");
+    let secrets = secret_values(&bundle);
+    assert!(secrets.len() >= 6, "bundle has keys and tokens");
+
+    // Dry run: everything is new, every machine's whole config shows, nothing is written.
+    let (out, err) = cli.ok(&["apply", inv_s, "--dry-run"]);
+    for line in [
+        "create    Cluster prod",
+        "create    Profile dell-r650",
+        "create    Site fra1",
+        "create    Rack r12",
+        "create    Machine cp-1",
+        "create    Machine worker-1",
+    ] {
+        assert!(out.contains(line), "dry run lists `{line}`:\n{out}");
+    }
+    assert!(out.contains("+++ cp-3 (after)") && out.contains("+  type: controlplane"));
+    assert!(
+        err.contains("dry run: 8 change(s), 4 machine config(s)"),
+        "{err}"
+    );
+    for s in &secrets {
+        assert!(
+            !out.contains(s.as_str()) && !err.contains(s.as_str()),
+            "a secret leaked into the dry run"
+        );
+    }
+    let (ok, _, err) = cli.run(&["config", "render", "cp-1"]);
+    assert!(
+        !ok && err.contains("cp-1"),
+        "nothing was written by the dry run: {err}"
+    );
+
+    // Apply, then again: idempotent.
+    let (_, err) = cli.ok(&["apply", inv_s]);
+    assert!(err.contains("applied: 8 change(s)"), "{err}");
+    let (out, err) = cli.ok(&["apply", inv_s]);
+    assert!(
+        !out.contains("create") && !out.contains("update") && !out.contains("+++"),
+        "{out}"
+    );
+    assert!(
+        err.contains("applied: 0 change(s), 0 machine config(s)"),
+        "{err}"
+    );
+
+    // Render: valid for its version, facts written, install disk pinned by serial (never a
+    // device name), the data disk never chosen.
+    let (yaml, err) = cli.ok(&["config", "render", "cp-2"]);
+    assert!(
+        err.contains("install disk: disks[0] pinned by serial S6EXNA0T100002"),
+        "{err}"
+    );
+    let cfg = MachineConfig::parse(&yaml).expect("rendered YAML parses");
+    let v = SchemaValidator::load(
+        &schemas().join("config.schema.v1.11.6.json"),
+        TalosVersion::new(1, 11, 6),
+    )
+    .expect("schema");
+    let errors: Vec<_> = plinth::talos::validate::validate(&cfg, &v)
+        .err()
+        .map(|r| r.errors)
+        .unwrap_or_default();
+    assert!(errors.is_empty(), "{errors:?}");
+    let doc = cfg.v1alpha1().expect("v1alpha1");
+    assert_eq!(doc["machine"]["type"], "controlplane");
+    assert_eq!(doc["machine"]["network"]["hostname"], "cp-2");
+    assert_eq!(
+        doc["machine"]["install"]["diskSelector"]["serial"],
+        "S6EXNA0T100002"
+    );
+    assert!(
+        doc["machine"]["install"].get("disk").is_none(),
+        "no /dev name"
+    );
+    assert_eq!(
+        doc["cluster"]["etcd"]["advertisedSubnets"][0], "10.20.0.0/24",
+        "control-plane role patch"
+    );
+    assert_eq!(doc["machine"]["time"]["servers"][0], "time.cloudflare.com");
+    let (w, _) = cli.ok(&["config", "render", "worker-1"]);
+    let wdoc = MachineConfig::parse(&w).expect("worker");
+    let wdoc = wdoc.v1alpha1().expect("v1alpha1");
+    assert_eq!(wdoc["machine"]["type"], "worker");
+    assert!(
+        wdoc["cluster"].get("etcd").is_none(),
+        "role patch is control-plane only"
+    );
+    assert_eq!(wdoc["machine"]["nodeLabels"]["plinth.dev/gpu"], "false");
+    assert_eq!(wdoc["machine"]["ca"]["key"], "", "workers carry no CA key");
+
+    // A change to a shared patch shows as a diff of every affected machine, secrets redacted.
+    let p = inv.join("patches/cluster-time.yaml");
+    let t = std::fs::read_to_string(&p).expect("patch");
+    std::fs::write(&p, t.replace("time.cloudflare.com", "ntp.fra1.example")).expect("write");
+    let (out, _) = cli.ok(&["apply", inv_s, "--dry-run"]);
+    assert!(out.contains("update    Cluster prod"), "{out}");
+    assert_eq!(out.matches("+    - ntp.fra1.example").count(), 4, "{out}");
+    assert_eq!(
+        out.matches("-    - time.cloudflare.com").count(),
+        4,
+        "{out}"
+    );
+    for s in &secrets {
+        assert!(!out.contains(s.as_str()), "a secret leaked into the diff");
+    }
+    // `config diff`: nothing was served yet, so the whole config shows (redacted).
+    let (d, err) = cli.ok(&["config", "diff", "worker-1"]);
+    assert!(err.contains("no config has been served yet"), "{err}");
+    assert!(d.contains("<redacted sha256:"), "{d}");
+    for s in &secrets {
+        assert!(!d.contains(s.as_str()), "a secret leaked into config diff");
+    }
+
+    // Refusals, nothing written: a secrets file inside the directory; a bad patch; a rule that
+    // would pick a data disk, with the candidates listed.
+    let inside = inv.join("secrets.yaml");
+    std::fs::copy(tmp.path().join("prod-secrets.yaml"), &inside).expect("copy");
+    let c = inv.join("clusters/prod.yaml");
+    let ctext = std::fs::read_to_string(&c).expect("cluster");
+    let outside = tmp.path().join("prod-secrets.yaml").display().to_string();
+    std::fs::write(&c, ctext.replace(&outside, "../secrets.yaml")).expect("write");
+    let (ok, _, err) = cli.run(&["apply", inv_s]);
+    assert!(
+        !ok && err.contains("lies inside the inventory directory"),
+        "{err}"
+    );
+    std::fs::write(&c, &ctext).expect("restore");
+    std::fs::remove_file(&inside).expect("rm");
+
+    let prof = inv.join("profiles/dell-r650.yaml");
+    let ptext = std::fs::read_to_string(&prof).expect("profile");
+    std::fs::write(&prof, ptext.replace(", \"<= 1TB\"", "")).expect("write");
+    let (ok, _, err) = cli.run(&["apply", inv_s]);
+    assert!(!ok, "a rule matching data disks is refused");
+    assert!(
+        err.contains(
+            "Machine cp-1: install disk: the install-disk rules match data disk(s) disks[1]"
+        ) && err.contains("candidates:"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was applied"), "{err}");
+    std::fs::write(&prof, &ptext).expect("restore");
+
+    std::fs::write(
+        inv.join("patches/cluster-time.yaml"),
+        "machine: [not, a, mapping\n",
+    )
+    .expect("write");
+    let (ok, _, err) = cli.run(&["apply", inv_s]);
+    assert!(!ok && err.contains("patches/cluster-time.yaml"), "{err}");
+}
+
+/// Apply an inventory in `dir` straight through the library, on the server's database.
+async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
+    let cfg = support::config(&srv.db, extra);
+    let store = plinth::app::open_store(&cfg, false).await.expect("store");
+    let secrets = plinth::app::secret_box(&cfg).expect("key");
+    let configs = ConfigService::new(store.clone(), secrets.clone(), Some(schemas()));
+    let inv = Inventory::new(store, secrets);
+    let declared = plinth::declare::load(dir).expect("directory loads");
+    let r = plinth::service::apply::apply(&configs, &inv, declared, false, "test")
+        .await
+        .expect("apply");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}
+
+const UUID: &str = "5b6c2a1e-8f3d-4c2b-9a7e-0d1f2e3c4b5a";
+const MAC: &str = "52:54:00:aa:bb:01";
+
+fn write_inventory(dir: &Path, secrets: &Path, reserved: Option<&str>) {
+    let inv = dir.join("inv");
+    std::fs::create_dir_all(&inv).expect("mkdir");
+    std::fs::write(
+        inv.join("all.yaml"),
+        format!(
+            r#"kind: Cluster
+name: lab
+endpoint: https://10.88.0.10:6443
+talosVersion: v1.12.11
+secrets: {secrets}
+---
+kind: Profile
+name: vm
+installDisk:
+  type: ssd
+---
+kind: Machine
+hostname: node-1
+smbios_uuid: {UUID}
+role: worker
+cluster: lab
+profile: vm
+interfaces:
+  - mac: "{MAC}"
+    boot: true{ip}
+disks:
+  - serial: QM00001
+    type: ssd
+    size_bytes: 21474836480
+"#,
+            secrets = secrets.display(),
+            ip = reserved
+                .map(|a| format!("\n    ipv4: {a}"))
+                .unwrap_or_default()
+        ),
+    )
+    .expect("inventory");
+}
+
+async fn fetch(srv: &TestServer, id: &str, token: &str, uuid: &str) -> (StatusCode, String) {
+    let r = srv
+        .client
+        .get(srv.url(&format!("/config/{id}?token={token}&uuid={uuid}")))
+        .send()
+        .await
+        .expect("fetch");
+    let status = r.status();
+    (status, r.text().await.unwrap_or_default())
+}
+
+async fn boot_script(srv: &TestServer) -> String {
+    srv.client
+        .get(srv.url(&format!(
+            "/boot/machine.ipxe?mac={}&uuid={UUID}&buildarch=x86_64&platform=efi",
+            MAC.replace(':', "-")
+        )))
+        .send()
+        .await
+        .expect("script")
+        .text()
+        .await
+        .expect("text")
+}
+
+fn token_of(script: &str) -> String {
+    let at = script.find("token=").expect("script carries a token") + "token=".len();
+    script[at..]
+        .split(['&', ' ', '\n'])
+        .next()
+        .expect("token")
+        .to_string()
+}
+
+async fn events(srv: &TestServer, id: &str, kind: &str) -> Vec<Value> {
+    let v: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/events?machine={id}&kind={kind}"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    v.as_array().cloned().unwrap_or_default()
+}
+
+async fn config_delivery(b: Backend) {
+    let extra = format!("[talos]\nschema_dir = \"{}\"\n", schemas().display());
+    let srv = TestServer::start_with(b, &extra).await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let secrets = tmp.path().join("lab-secrets.yaml");
+    std::fs::write(
+        &secrets,
+        plinth::talos::secrets::SecretsBundle::generate()
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml"),
+    )
+    .expect("write");
+    write_inventory(tmp.path(), &secrets, None);
+    apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
+
+    let m: Value = srv
+        .req(Method::GET, "/api/v1/machines/node-1", &srv.viewer)
+        .send()
+        .await
+        .expect("machine")
+        .json()
+        .await
+        .expect("json");
+    let id = m["id"].as_str().expect("id").to_string();
+
+    // The operator's view: renders, valid, pinned; never the config itself.
+    let st: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/machines/{id}/config"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(st["valid"], true, "{st}");
+    assert_eq!(st["window_open"], false);
+    assert!(
+        st["install_disk"]
+            .as_str()
+            .unwrap_or("")
+            .contains("serial QM00001"),
+        "{st}"
+    );
+    assert!(
+        !st.to_string().contains("BEGIN"),
+        "no key material in the status"
+    );
+
+    // No window: 404, and the refusal is an event.
+    let (s, body) = fetch(&srv, &id, "nothing", UUID).await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert!(body.is_empty(), "no detail in refusals");
+    // Registered machines hold at boot; no token anywhere.
+    assert!(!boot_script(&srv).await.contains("token="));
+
+    // A registered machine cannot provision before it is ready: 409 naming the state.
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(r.text().await.unwrap_or_default().contains("registered"));
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &srv.operator,
+        )
+        .json(&json!({"state": "ready"}))
+        .send()
+        .await
+        .expect("state");
+    assert_eq!(r.status(), StatusCode::OK);
+
+    // Opening the window needs an operator.
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.viewer,
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .json(&json!({"ttl_seconds": 5}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().await.unwrap_or_default().contains("ttl_seconds"));
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .json(&json!({"ttl_seconds": 600}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::OK);
+    let opened: Value = r.json().await.expect("json");
+    let sha = opened["sha256"].as_str().expect("sha").to_string();
+
+    // Without a cached image the machine holds and says why; with one it gets the install plan.
+    let script = boot_script(&srv).await;
+    assert!(script.contains("not in the image cache"), "{script}");
+    let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
+    let cache = plinth::images::ImageCache::new(srv.data_dir.join("images"));
+    let k = tmp.path().join("k");
+    std::fs::write(&k, b"kernel").expect("k");
+    for name in ["kernel-amd64", "initramfs-amd64.xz"] {
+        cache
+            .import(&schematic, "v1.12.11", name, &k)
+            .expect("import");
+    }
+    let script = boot_script(&srv).await;
+    assert!(
+        script.contains("talos.platform=metal") && script.contains("pti=on"),
+        "{script}"
+    );
+    assert!(
+        script.contains(&format!("talos.config={}/config/{id}?token=", srv.base))
+            && script.contains("&uuid=${uuid}"),
+        "{script}"
+    );
+    let token = token_of(&script);
+    assert!(token.len() >= 40);
+
+    // Wrong token, wrong UUID: 403. Right token and UUID: the config, byte for byte the render.
+    assert_eq!(
+        fetch(&srv, &id, "wrong-token", UUID).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        fetch(&srv, &id, &token, "00000000-1111-2222-3333-444444444444")
+            .await
+            .0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(fetch(&srv, &id, &token, "").await.0, StatusCode::FORBIDDEN);
+    let (s, yaml) = fetch(&srv, &id, &token, UUID).await;
+    assert_eq!(s, StatusCode::OK);
+    let got = plinth::service::config::token_hash(&yaml);
+    assert_eq!(
+        got, sha,
+        "served config is the one validated at window opening"
+    );
+    let cfg = MachineConfig::parse(&yaml).expect("parses");
+    assert_eq!(cfg.v1alpha1().expect("doc")["machine"]["type"], "worker");
+    let served = events(&srv, &id, "config.served").await;
+    assert_eq!(served.len(), 1);
+    assert_eq!(served[0]["detail"]["sha256"], sha);
+    assert!(
+        !served[0].to_string().contains(&token),
+        "no token in events"
+    );
+    let st: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/machines/{id}/config"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(st["served_sha256"], sha);
+    assert_eq!(st["window_open"], true);
+
+    // A new boot mints a new token: the old one is refused (replay).
+    let token2 = token_of(&boot_script(&srv).await);
+    assert_ne!(token, token2);
+    assert_eq!(
+        fetch(&srv, &id, &token, UUID).await.0,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(fetch(&srv, &id, &token2, UUID).await.0, StatusCode::OK);
+
+    // Expired window: 403.
+    let store = plinth::app::open_store(&support::config(&srv.db, &extra), false)
+        .await
+        .expect("store");
+    let w = store
+        .window(id.parse().expect("id"))
+        .await
+        .expect("window")
+        .expect("open");
+    let mut expired = w.clone();
+    expired.expires_at = chrono::Utc::now() - chrono::Duration::seconds(1);
+    expired.opened_at = expired.expires_at - chrono::Duration::seconds(60);
+    let ev = plinth::service::NewEvent {
+        machine_id: None,
+        kind: "test.expire".into(),
+        actor: "test".into(),
+        detail: json!({}),
+    };
+    store.put_window(&expired, &ev).await.expect("expire");
+    assert_eq!(
+        fetch(&srv, &id, &token2, UUID).await.0,
+        StatusCode::FORBIDDEN
+    );
+    store.put_window(&w, &ev).await.expect("reopen");
+    assert_eq!(fetch(&srv, &id, &token2, UUID).await.0, StatusCode::OK);
+
+    // Installed: the window closes; the same token is now a 404, and the next network boot
+    // boots the local disk.
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/state"),
+            &srv.operator,
+        )
+        .json(&json!({"state": "installed"}))
+        .send()
+        .await
+        .expect("state");
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        fetch(&srv, &id, &token2, UUID).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let script = boot_script(&srv).await;
+    assert!(
+        script.contains("exit") && !script.contains("token="),
+        "{script}"
+    );
+    let refused = events(&srv, &id, "config.refused").await;
+    let reasons: Vec<&str> = refused
+        .iter()
+        .filter_map(|e| e["detail"]["reason"].as_str())
+        .collect();
+    for want in [
+        "no open provisioning window",
+        "token does not match this boot's",
+        "SMBIOS UUID does not match the machine",
+        "provisioning window expired",
+    ] {
+        assert!(reasons.contains(&want), "{want} in {reasons:?}");
+    }
+    assert!(!events(&srv, &id, "config.window_closed").await.is_empty());
+
+    // Closing by hand: DELETE, then a second DELETE is a 404.
+    let r = srv
+        .req(
+            Method::DELETE,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .send()
+        .await
+        .expect("close");
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "already closed by `installed`"
+    );
+
+    // A reserved address that is not the requester's: 403 even with the right token.
+    write_inventory(tmp.path(), &secrets, Some("10.9.9.9"));
+    apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::OK);
+    let token3 = token_of(&boot_script(&srv).await);
+    assert_eq!(
+        fetch(&srv, &id, &token3, UUID).await.0,
+        StatusCode::FORBIDDEN
+    );
+    let reasons: Vec<String> = events(&srv, &id, "config.refused")
+        .await
+        .iter()
+        .filter_map(|e| e["detail"]["reason"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("source address")),
+        "{reasons:?}"
+    );
+
+    // An invalid config is never served: a machine patch the schema refuses stops the window
+    // from opening, naming why.
+    let inv = tmp.path().join("inv/all.yaml");
+    let text = std::fs::read_to_string(&inv).expect("inv");
+    std::fs::write(
+        &inv,
+        text.replace(
+            "disks:\n",
+            "patches:\n  - machine:\n      kubelet:\n        image: 42\n      network:\n        hostname: []\ndisks:\n",
+        ),
+    )
+    .expect("write");
+    let cfg = support::config(&srv.db, &extra);
+    let store = plinth::app::open_store(&cfg, false).await.expect("store");
+    let secrets_box = plinth::app::secret_box(&cfg).expect("key");
+    let configs = ConfigService::new(store.clone(), secrets_box.clone(), Some(schemas()));
+    let declared = plinth::declare::load(&tmp.path().join("inv")).expect("loads");
+    let report = plinth::service::apply::apply(
+        &configs,
+        &Inventory::new(store, secrets_box),
+        declared,
+        false,
+        "test",
+    )
+    .await
+    .expect("apply runs");
+    assert!(!report.applied && !report.errors.is_empty(), "{report:?}");
+    srv.finish().await;
+}
+
+both_backends!(config_delivery);
