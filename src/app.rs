@@ -226,7 +226,32 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
+    let workflows = crate::service::Workflows::new(
+        inventory.clone(),
+        configs.clone(),
+        bmc.clone(),
+        config.workflows.clone(),
+    );
+    {
+        let (w, stop, every) = (workflows.clone(), shutdown.clone(), config.workflow_tick);
+        tasks.spawn(async move {
+            let mut interval = tokio::time::interval(every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = interval.tick() => {
+                        if let Err(e) = w.tick().await {
+                            tracing::warn!(error = %e, "workflow engine: tick failed");
+                        }
+                    }
+                }
+            }
+        });
+    }
     let state = AppState {
+        shutdown: shutdown.clone(),
+        workflows,
         configs,
         inventory,
         tokens: Tokens::new(store),

@@ -511,6 +511,30 @@ pub enum MachineCommand {
         #[arg(long)]
         close: bool,
     },
+    /// Reinstall a machine: open its window, one-time network boot and power cycle through the
+    /// BMC (or a tech does it), then follow it to `installed`; `--follow` prints its events until
+    /// it is done or failed.
+    Reinstall {
+        /// The machine.
+        machine: String,
+        /// Wipe the system disk on the install boot.
+        #[arg(long)]
+        wipe: bool,
+        /// Follow the reinstall's events until it ends.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// The events of a machine (or all with `--all`), optionally following new ones live.
+    Events {
+        /// The machine.
+        machine: Option<String>,
+        /// Kind prefix, e.g. `reinstall.`.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Keep printing new events as they happen (Ctrl-C to stop).
+        #[arg(long)]
+        follow: bool,
+    },
     /// Whether a machine's config renders, its digest, warnings and provisioning window.
     Config {
         /// The machine.
@@ -871,6 +895,77 @@ fn machine_spec(a: &AddArgs) -> anyhow::Result<Value> {
     Ok(spec)
 }
 
+fn print_event(json_out: bool, e: &Value) {
+    if json_out {
+        say(e);
+    } else {
+        say(format!(
+            "{} {:<28} {:<10} {} {}",
+            s(&e["at"]),
+            s(&e["kind"]),
+            s(&e["actor"]),
+            s(&e["machine_id"]),
+            e["detail"]
+        ));
+    }
+}
+
+/// Print events from the live stream (server-sent events); with `until_done`, stop after a
+/// reinstall ends (`reinstall.done` or `reinstall.failed`), failing on the latter.
+async fn follow_events(
+    api: &ApiClient,
+    machine: Option<&str>,
+    kind: Option<&str>,
+    until_done: bool,
+) -> anyhow::Result<()> {
+    let mut q = vec![];
+    if let Some(m) = machine {
+        q.push(format!("machine={m}"));
+    }
+    if let Some(k) = kind {
+        q.push(format!("kind={}", urlencode(k)));
+    }
+    let resp = api
+        .req(
+            reqwest::Method::GET,
+            &format!("/events/stream?{}", q.join("&")),
+        )
+        .timeout(std::time::Duration::from_secs(365 * 24 * 3600))
+        .send()
+        .await
+        .context("event stream")?;
+    if !resp.status().is_success() {
+        bail!("event stream: HTTP {}", resp.status());
+    }
+    let mut resp = resp;
+    let mut buf = String::new();
+    while let Some(chunk) = resp.chunk().await.context("event stream")? {
+        buf.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buf.find("\n\n") {
+            let block: String = buf.drain(..end + 2).collect();
+            let data: String = block
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            let Ok(e) = serde_json::from_str::<Value>(&data) else {
+                continue;
+            };
+            print_event(false, &e);
+            if until_done {
+                match e["kind"].as_str() {
+                    Some("reinstall.done") => return Ok(()),
+                    Some("reinstall.failed") => {
+                        bail!("reinstall failed: {}", s(&e["detail"]["error"]))
+                    }
+                    _ => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn s(v: &Value) -> String {
     match v {
         Value::Null => String::new(),
@@ -1151,6 +1246,58 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
                         s(&w["window"]["expires_at"]),
                         s(&w["sha256"])
                     ));
+                }
+            }
+        }
+        MachineCommand::Reinstall {
+            machine,
+            wipe,
+            follow,
+        } => {
+            let (_, m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, started) = api
+                .send(
+                    api.req(Method::POST, &format!("/machines/{id}/reinstall"))
+                        .json(&json!({"wipe": wipe})),
+                )
+                .await?;
+            if args.json {
+                say(&started);
+            } else {
+                say(format!(
+                    "{machine}: reinstall started; {}",
+                    s(&started["next"])
+                ));
+            }
+            if follow {
+                follow_events(&api, Some(&id), Some("reinstall."), true).await?;
+            }
+        }
+        MachineCommand::Events {
+            machine,
+            kind,
+            follow,
+        } => {
+            let id = match &machine {
+                Some(m) => Some(s(&api.get_machine(m).await?.1["id"])),
+                None => None,
+            };
+            if follow {
+                follow_events(&api, id.as_deref(), kind.as_deref(), false).await?;
+            } else {
+                let mut q = vec![];
+                if let Some(i) = &id {
+                    q.push(format!("machine={i}"));
+                }
+                if let Some(k) = &kind {
+                    q.push(format!("kind={}", urlencode(k)));
+                }
+                let (_, list) = api
+                    .send(api.req(Method::GET, &format!("/events?{}", q.join("&"))))
+                    .await?;
+                for e in list.as_array().into_iter().flatten() {
+                    print_event(args.json, e);
                 }
             }
         }

@@ -66,6 +66,31 @@ pub struct RawConfig {
     /// `[talos]`.
     #[serde(default)]
     pub talos: RawTalos,
+    /// `[workflows]`.
+    #[serde(default)]
+    pub workflows: RawWorkflows,
+}
+
+/// `[workflows]`: deadlines of the reinstall stages and the engine's pace.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawWorkflows {
+    /// How often running reinstalls are moved on and failed machines considered, seconds.
+    pub tick_seconds: Option<u64>,
+    /// Deadline of stage `power` (one-time boot and power cycle), seconds.
+    pub power_seconds: Option<u64>,
+    /// Deadline of stage `netboot` (install script fetched), seconds.
+    pub netboot_seconds: Option<u64>,
+    /// Deadline of stage `config` (config fetched), seconds.
+    pub config_seconds: Option<u64>,
+    /// Deadline of stage `talos_api` (Talos API answering), seconds.
+    pub talos_api_seconds: Option<u64>,
+    /// Port of the Talos API checked to confirm an install.
+    pub talos_api_port: Option<u16>,
+    /// How long a reinstall's provisioning window stays open, seconds.
+    pub window_seconds: Option<u64>,
+    /// One-time boot target set through the BMC: `pxe` or `http` (UEFI HTTP boot).
+    pub boot_target: Option<String>,
 }
 
 /// `[talos]`.
@@ -256,6 +281,10 @@ pub struct Config {
     pub tftp: Option<TftpConfig>,
     /// Talos JSON schemas (`[talos].schema_dir`).
     pub talos_schema_dir: Option<PathBuf>,
+    /// Reinstall workflows.
+    pub workflows: crate::service::WorkflowSettings,
+    /// How often the workflow engine runs.
+    pub workflow_tick: std::time::Duration,
 }
 
 /// Validated `[tftp]`.
@@ -611,7 +640,51 @@ impl RawConfig {
             }
             other => other,
         };
+        let w = &self.workflows;
+        let secs =
+            |key: &str, v: Option<u64>, default: u64| -> Result<chrono::Duration, ConfigError> {
+                let v = v.unwrap_or(default);
+                if !(1..=604_800).contains(&v) {
+                    return Err(ConfigError::new(
+                        key,
+                        "must be between 1 and 604800 seconds",
+                    ));
+                }
+                Ok(chrono::Duration::seconds(v as i64))
+            };
+        let workflows = crate::service::WorkflowSettings {
+            power: secs("workflows.power_seconds", w.power_seconds, 300)?,
+            netboot: secs("workflows.netboot_seconds", w.netboot_seconds, 900)?,
+            config: secs("workflows.config_seconds", w.config_seconds, 900)?,
+            talos_api: secs("workflows.talos_api_seconds", w.talos_api_seconds, 1800)?,
+            window: secs("workflows.window_seconds", w.window_seconds, 7200)?,
+            talos_api_port: match w.talos_api_port {
+                Some(0) => {
+                    return Err(ConfigError::new(
+                        "workflows.talos_api_port",
+                        "must be a port number (1-65535)",
+                    ))
+                }
+                Some(p) => p,
+                None => 50000,
+            },
+            boot_target: match w.boot_target.as_deref().unwrap_or("pxe") {
+                "pxe" => crate::service::bmc::BootTarget::Pxe,
+                "http" => crate::service::bmc::BootTarget::Http,
+                other => {
+                    return Err(ConfigError::new(
+                        "workflows.boot_target",
+                        format!("`{other}` is not `pxe` or `http`"),
+                    ))
+                }
+            },
+        };
+        let workflow_tick = secs("workflows.tick_seconds", w.tick_seconds, 2)?
+            .to_std()
+            .unwrap_or(std::time::Duration::from_secs(2));
         Ok(Config {
+            workflows,
+            workflow_tick,
             talos_schema_dir,
             dhcp,
             boot_public_url,

@@ -72,6 +72,8 @@ struct ClusterDoc {
     role_patches: RolePatchRefs,
     #[serde(default)]
     kernel_args: Vec<String>,
+    #[serde(default)]
+    reinstall: Option<crate::service::ReinstallPolicy>,
 }
 
 #[derive(Deserialize)]
@@ -395,6 +397,7 @@ impl Loader {
                     worker,
                 },
                 kernel_args: d.kernel_args,
+                reinstall: d.reinstall,
             },
             secret,
         ));

@@ -166,6 +166,7 @@ impl From<ServiceError> for ApiError {
                 ServiceError::NoBmc(name).to_string(),
             ),
             ServiceError::Bmc(b) => Self::from(b),
+            ServiceError::Busy(why) => Self::new(StatusCode::CONFLICT, "busy", why),
             ServiceError::Config(c) => Self::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 "config_invalid",

@@ -12,6 +12,7 @@ mod machines;
 pub mod metrics;
 mod openapi;
 mod tokens;
+mod workflows;
 
 use std::sync::Arc;
 
@@ -40,6 +41,10 @@ pub struct AppState {
     pub boot: Arc<boot::BootSettings>,
     /// Machine configs and provisioning windows.
     pub configs: crate::service::ConfigService,
+    /// Reinstall workflows.
+    pub workflows: crate::service::Workflows,
+    /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
+    pub shutdown: tokio_util::sync::CancellationToken,
 }
 
 pub use boot::BootSettings;
@@ -65,7 +70,12 @@ pub fn router(state: AppState) -> Router {
             "/machines/{id}/provision",
             axum::routing::post(configs::open).delete(configs::close),
         )
+        .route(
+            "/machines/{id}/reinstall",
+            get(workflows::status).post(workflows::start),
+        )
         .route("/events", get(machines::events))
+        .route("/events/stream", get(workflows::stream))
         .route("/tokens", get(tokens::list).post(tokens::create))
         .route("/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/openapi.json", get(openapi::document))

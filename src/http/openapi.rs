@@ -5,7 +5,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 use super::error::{ErrorBody, ErrorEnvelope};
-use super::{bmc, configs, machines, tokens};
+use super::{bmc, configs, machines, tokens, workflows};
 use crate::domain::*;
 use crate::service::bmc::{
     BootMode, BootOnceReport, BootOverride, BootTarget, Capabilities, DriveSource, EtagSupport,
@@ -40,6 +40,7 @@ impl Modify for Bearer {
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
         configs::status, configs::open, configs::close,
+        workflows::start, workflows::status, workflows::stream,
     ),
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
@@ -50,6 +51,7 @@ impl Modify for Bearer {
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
         configs::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
+        workflows::ReinstallRequest, crate::service::workflow::Started, crate::service::Reinstall, crate::service::Stage,
     )),
     modifiers(&Bearer),
 )]

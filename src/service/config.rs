@@ -87,6 +87,9 @@ pub struct ClusterSpec {
     /// Extra kernel arguments for installs.
     #[serde(default)]
     pub kernel_args: Vec<String>,
+    /// Reinstall policy (automatic reinstall, workers per rack).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reinstall: Option<super::workflow::ReinstallPolicy>,
 }
 
 /// A hardware/provisioning profile.

@@ -13,6 +13,7 @@ pub mod inventory;
 pub mod leases;
 pub mod secrets;
 pub mod store;
+pub mod workflow;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
 pub use bmc::{BmcCapabilityStore, BmcConnector, BmcService, CapabilityRecord};
@@ -25,6 +26,7 @@ pub use inventory::{ImportRow, Inventory, RowError};
 pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
 pub use store::*;
+pub use workflow::{Reinstall, ReinstallPolicy, Stage, WorkflowSettings, Workflows};
 
 use crate::domain::ValidationErrors;
 
@@ -71,6 +73,10 @@ pub enum ServiceError {
     /// The BMC refused, failed, or did not do what was asked.
     #[error("BMC: {0}")]
     Bmc(#[source] bmc::BmcError),
+    /// The action would break a rule that holds right now (a reinstall already running, etcd
+    /// quorum, workers per rack).
+    #[error("{0}")]
+    Busy(String),
     /// A machine config cannot be rendered, or is invalid.
     #[error("machine config: {0}")]
     Config(#[source] config::ConfigError),

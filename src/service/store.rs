@@ -165,6 +165,7 @@ pub trait InventoryStore:
     super::leases::LeaseStore
     + super::bmc::BmcCapabilityStore
     + super::config::ConfigStore
+    + super::workflow::ReinstallStore
     + Send
     + Sync
     + 'static

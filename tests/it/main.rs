@@ -21,3 +21,4 @@ mod talos_patch;
 mod talos_schema;
 mod talos_secrets;
 mod vm_boot;
+mod workflows;

@@ -23,7 +23,7 @@ fn shared() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
 }
 
-fn schemas() -> PathBuf {
+pub(crate) fn schemas() -> PathBuf {
     shared().join("talos/schemas")
 }
 
@@ -295,7 +295,7 @@ fn example_inventory_applies_renders_and_diffs() {
 }
 
 /// Apply an inventory in `dir` straight through the library, on the server's database.
-async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
+pub(crate) async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
     let cfg = support::config(&srv.db, extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets = plinth::app::secret_box(&cfg).expect("key");
@@ -308,10 +308,10 @@ async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
     assert!(r.errors.is_empty(), "{:?}", r.errors);
 }
 
-const UUID: &str = "5b6c2a1e-8f3d-4c2b-9a7e-0d1f2e3c4b5a";
-const MAC: &str = "52:54:00:aa:bb:01";
+pub(crate) const UUID: &str = "5b6c2a1e-8f3d-4c2b-9a7e-0d1f2e3c4b5a";
+pub(crate) const MAC: &str = "52:54:00:aa:bb:01";
 
-fn write_inventory(dir: &Path, secrets: &Path, reserved: Option<&str>) {
+pub(crate) fn write_inventory(dir: &Path, secrets: &Path, reserved: Option<&str>) {
     let inv = dir.join("inv");
     std::fs::create_dir_all(&inv).expect("mkdir");
     std::fs::write(
@@ -351,7 +351,12 @@ disks:
     .expect("inventory");
 }
 
-async fn fetch(srv: &TestServer, id: &str, token: &str, uuid: &str) -> (StatusCode, String) {
+pub(crate) async fn fetch(
+    srv: &TestServer,
+    id: &str,
+    token: &str,
+    uuid: &str,
+) -> (StatusCode, String) {
     let r = srv
         .client
         .get(srv.url(&format!("/config/{id}?token={token}&uuid={uuid}")))
@@ -362,7 +367,7 @@ async fn fetch(srv: &TestServer, id: &str, token: &str, uuid: &str) -> (StatusCo
     (status, r.text().await.unwrap_or_default())
 }
 
-async fn boot_script(srv: &TestServer) -> String {
+pub(crate) async fn boot_script(srv: &TestServer) -> String {
     srv.client
         .get(srv.url(&format!(
             "/boot/machine.ipxe?mac={}&uuid={UUID}&buildarch=x86_64&platform=efi",
@@ -376,7 +381,7 @@ async fn boot_script(srv: &TestServer) -> String {
         .expect("text")
 }
 
-fn token_of(script: &str) -> String {
+pub(crate) fn token_of(script: &str) -> String {
     let at = script.find("token=").expect("script carries a token") + "token=".len();
     script[at..]
         .split(['&', ' ', '\n'])
@@ -385,7 +390,7 @@ fn token_of(script: &str) -> String {
         .to_string()
 }
 
-async fn events(srv: &TestServer, id: &str, kind: &str) -> Vec<Value> {
+pub(crate) async fn events(srv: &TestServer, id: &str, kind: &str) -> Vec<Value> {
     let v: Value = srv
         .req(
             Method::GET,

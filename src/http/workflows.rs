@@ -1,0 +1,161 @@
+//! Reinstall over HTTP (`POST|GET /api/v1/machines/{id}/reinstall`) and the live event stream
+//! (`GET /api/v1/events/stream`, server-sent events) that a dashboard or a chat hook follows a
+//! rollout with. The stream reads the event log (so it shows what every instance sharing the
+//! database did), resumes from `Last-Event-ID`, and ends when the server shuts down.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::Json;
+use futures::Stream;
+use serde::Deserialize;
+
+use super::error::{ApiError, ErrorEnvelope};
+use super::extract::{Caller, JsonBody};
+use super::AppState;
+use crate::service::workflow::{Reinstall, Started};
+use crate::service::{ApiRole, EventFilter};
+
+/// A reinstall request.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReinstallRequest {
+    /// Wipe the system disk on the install boot (`talos.experimental.wipe=system`).
+    #[serde(default)]
+    pub wipe: bool,
+}
+
+/// Reinstall a machine: open its provisioning window, set a one-time network boot and
+/// power-cycle it through its BMC (or tell the tech to), then follow the boot to `installed`,
+/// each stage with a deadline. Refused with 409 when a reinstall is already running or the safety
+/// rules say no (one control plane of a cluster at a time, workers per rack), 422 when its config
+/// does not render or validate.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/reinstall", tag = "workflows", request_body = ReinstallRequest,
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 202, body = Started), (status = 409, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn start(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ReinstallRequest>,
+) -> Result<(axum::http::StatusCode, Json<Started>), ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let m = s.inventory.resolve(&id).await?;
+    let started = s.workflows.start(m.id, req.wipe, &caller.actor()).await?;
+    Ok((axum::http::StatusCode::ACCEPTED, Json(started)))
+}
+
+/// The machine's current or last reinstall.
+#[utoipa::path(get, path = "/api/v1/machines/{id}/reinstall", tag = "workflows",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = Reinstall), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn status(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Reinstall>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let m = s.inventory.resolve(&id).await?;
+    match s.workflows.status(m.id).await? {
+        Some(r) => Ok(Json(r)),
+        None => Err(crate::service::ServiceError::NotFound("reinstall".into()).into()),
+    }
+}
+
+/// Filters of the stream.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct StreamParams {
+    /// Machine id or host name.
+    pub machine: Option<String>,
+    /// Kind prefix, e.g. `reinstall.`.
+    pub kind: Option<String>,
+    /// Start after this event id (default: `Last-Event-ID`, else only new events).
+    pub after: Option<i64>,
+}
+
+/// Follow the event log live (server-sent events: `id` is the event id, `event` its kind, `data`
+/// the event as JSON).
+#[utoipa::path(get, path = "/api/v1/events/stream", tag = "events", params(StreamParams),
+    responses((status = 200, description = "text/event-stream of events")),
+    security(("bearer" = [])))]
+pub async fn stream(
+    State(s): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    params: Result<Query<StreamParams>, axum::extract::rejection::QueryRejection>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
+    let machine_id = match p.machine.as_deref() {
+        Some(m) => Some(s.inventory.resolve(m).await?.id),
+        None => None,
+    };
+    let resume = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<i64>().ok());
+    let start = match p.after.or(resume) {
+        Some(a) => a,
+        None => s
+            .inventory
+            .store()
+            .last_event_id()
+            .await
+            .map_err(crate::service::ServiceError::from)?,
+    };
+    struct Cursor {
+        after: i64,
+        buffer: VecDeque<crate::service::Event>,
+    }
+    let stop = s.shutdown.clone();
+    let store = s.inventory.store().clone();
+    let kind = p.kind;
+    let events = futures::stream::unfold(
+        Cursor {
+            after: start,
+            buffer: VecDeque::new(),
+        },
+        move |mut c| {
+            let (store, stop, kind) = (store.clone(), stop.clone(), kind.clone());
+            async move {
+                loop {
+                    if let Some(e) = c.buffer.pop_front() {
+                        c.after = e.id;
+                        let data = serde_json::to_string(&e).unwrap_or_default();
+                        let ev = SseEvent::default()
+                            .id(e.id.to_string())
+                            .event(e.kind.clone())
+                            .data(data);
+                        return Some((Ok(ev), c));
+                    }
+                    let filter = EventFilter {
+                        machine_id,
+                        kind_prefix: kind.clone(),
+                        after_id: Some(c.after),
+                        limit: 500,
+                    };
+                    match store.list_events(&filter).await {
+                        Ok(list) if !list.is_empty() => {
+                            c.buffer.extend(list);
+                            continue;
+                        }
+                        Ok(_) => {}
+                        Err(e) => tracing::warn!(error = %e, "event stream: read failed"),
+                    }
+                    tokio::select! {
+                        _ = stop.cancelled() => return None,
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                    }
+                }
+            }
+        },
+    );
+    Ok(Sse::new(events).keep_alive(KeepAlive::default()))
+}

@@ -1,0 +1,739 @@
+//! Provisioning workflows: the one-call reinstall and the automatic reinstall of failed machines.
+//!
+//! A reinstall opens the machine's provisioning window (its config must render and validate; the
+//! machine becomes `provisioning`), then moves through stages, each with a deadline:
+//! `power` (one-time network boot and a power cycle through the BMC, or "power-cycle it now" for a
+//! tech when there is none) -> `netboot` (the machine fetched its install script) -> `config` (it
+//! fetched its config) -> `talos_api` (its Talos API answers on TCP 50000 at the address the
+//! config was fetched from) -> `done` (`installed`; the window closes, later network boots boot
+//! the local disk). A stage that misses its deadline fails the machine with the stage named.
+//!
+//! The engine keeps nothing in memory: [`Workflows::tick`] reads the active rows and moves each
+//! on with a compare-and-set on its stage, so a restart or kill -9 resumes from the database and
+//! two instances on one PostgreSQL never act twice on one stage. The scheduler (also in `tick`)
+//! reinstalls failed machines of clusters whose policy asks for it, with back-off and a maximum
+//! number of attempts, under safety rules it enforces itself: one control-plane machine of a
+//! cluster at a time (etcd quorum), at most N workers per rack.
+//!
+//! Imports `domain` and the rest of `service`; nothing from `store`, `http` or `bmc`.
+
+use std::net::SocketAddr;
+use std::time::Duration as StdDuration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Duration, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::bmc::{BootTarget, PowerAction};
+use super::store::{EventFilter, MachineFilter, NewEvent, StoreError};
+use super::{BmcService, ConfigService, Inventory, ServiceError};
+use crate::domain::{LifecycleState, Machine, MachineId, Role};
+
+/// Stage of a reinstall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Set a one-time network boot and power-cycle.
+    Power,
+    /// Wait for the machine to fetch its install script.
+    Netboot,
+    /// Wait for the machine to fetch its config.
+    Config,
+    /// Wait for the Talos API to answer.
+    TalosApi,
+    /// Installed.
+    Done,
+    /// Failed (see `error`).
+    Failed,
+}
+
+impl Stage {
+    /// The database spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Power => "power",
+            Stage::Netboot => "netboot",
+            Stage::Config => "config",
+            Stage::TalosApi => "talos_api",
+            Stage::Done => "done",
+            Stage::Failed => "failed",
+        }
+    }
+
+    /// Still running.
+    pub fn is_active(self) -> bool {
+        !matches!(self, Stage::Done | Stage::Failed)
+    }
+}
+
+impl std::str::FromStr for Stage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s {
+            "power" => Stage::Power,
+            "netboot" => Stage::Netboot,
+            "config" => Stage::Config,
+            "talos_api" => Stage::TalosApi,
+            "done" => Stage::Done,
+            "failed" => Stage::Failed,
+            other => return Err(format!("`{other}` is not a reinstall stage")),
+        })
+    }
+}
+
+/// A machine's current (or last) reinstall.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Reinstall {
+    /// The machine.
+    pub machine_id: MachineId,
+    /// Where it is.
+    pub stage: Stage,
+    /// When the stage began.
+    pub stage_started_at: DateTime<Utc>,
+    /// When the stage fails if nothing happened.
+    pub stage_deadline: DateTime<Utc>,
+    /// Wipe the system disk on the install boot.
+    pub wipe: bool,
+    /// Started by the scheduler (automatic reinstall) rather than a person.
+    pub automatic: bool,
+    /// Attempt number in a chain of automatic reinstalls (1 for manual ones).
+    pub attempt: u32,
+    /// Events after this id belong to this reinstall.
+    #[serde(skip)]
+    pub event_mark: i64,
+    /// Address the config was fetched from: where the Talos API is expected.
+    pub node_address: Option<String>,
+    /// Who asked.
+    pub requested_by: String,
+    /// Started at.
+    pub started_at: DateTime<Utc>,
+    /// Finished at.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Why it failed.
+    pub error: Option<String>,
+}
+
+/// What the workflows need from a database.
+#[async_trait]
+pub trait ReinstallStore: Send + Sync {
+    /// A machine's current or last reinstall.
+    async fn reinstall(&self, id: MachineId) -> Result<Option<Reinstall>, StoreError>;
+    /// Every running reinstall.
+    async fn active_reinstalls(&self) -> Result<Vec<Reinstall>, StoreError>;
+    /// Start one (replacing the machine's finished one), with its event; false when one is
+    /// already running for the machine.
+    async fn start_reinstall(&self, r: &Reinstall, event: &NewEvent) -> Result<bool, StoreError>;
+    /// Move one on, only if it is still at `from` (compare-and-set), with its event.
+    async fn advance_reinstall(
+        &self,
+        r: &Reinstall,
+        from: Stage,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError>;
+    /// The id of the newest event (0 when there is none).
+    async fn last_event_id(&self) -> Result<i64, StoreError>;
+}
+
+/// Per-cluster reinstall policy (`reinstall:` of a Cluster in the inventory directory).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ReinstallPolicy {
+    /// Reinstall failed machines automatically (off by default).
+    #[serde(default)]
+    pub auto: bool,
+    /// Automatic attempts before the machine is left failed for a human.
+    #[serde(default = "default_attempts")]
+    pub max_attempts: u32,
+    /// Back-off before the first automatic attempt, doubled for each further one, seconds.
+    #[serde(default = "default_backoff")]
+    pub backoff_seconds: u64,
+    /// Workers of one rack reinstalled at once (manual or automatic).
+    #[serde(default = "default_workers_per_rack")]
+    pub max_workers_per_rack: u32,
+}
+
+fn default_attempts() -> u32 {
+    3
+}
+fn default_backoff() -> u64 {
+    300
+}
+fn default_workers_per_rack() -> u32 {
+    1
+}
+
+impl Default for ReinstallPolicy {
+    fn default() -> Self {
+        ReinstallPolicy {
+            auto: false,
+            max_attempts: default_attempts(),
+            backoff_seconds: default_backoff(),
+            max_workers_per_rack: default_workers_per_rack(),
+        }
+    }
+}
+
+/// Deadlines and knobs of the workflows (`[workflows]` in the config).
+#[derive(Clone, Debug)]
+pub struct WorkflowSettings {
+    /// Stage `power`.
+    pub power: Duration,
+    /// Stage `netboot`.
+    pub netboot: Duration,
+    /// Stage `config`.
+    pub config: Duration,
+    /// Stage `talos_api`.
+    pub talos_api: Duration,
+    /// Port of the Talos API (apid).
+    pub talos_api_port: u16,
+    /// How long the provisioning window of a reinstall stays open.
+    pub window: Duration,
+    /// One-time boot target set through the BMC.
+    pub boot_target: BootTarget,
+}
+
+impl Default for WorkflowSettings {
+    fn default() -> Self {
+        WorkflowSettings {
+            power: Duration::minutes(5),
+            netboot: Duration::minutes(15),
+            config: Duration::minutes(15),
+            talos_api: Duration::minutes(30),
+            talos_api_port: 50000,
+            window: Duration::hours(2),
+            boot_target: BootTarget::Pxe,
+        }
+    }
+}
+
+impl WorkflowSettings {
+    fn deadline(&self, stage: Stage) -> Duration {
+        match stage {
+            Stage::Power => self.power,
+            Stage::Netboot => self.netboot,
+            Stage::Config => self.config,
+            Stage::TalosApi => self.talos_api,
+            Stage::Done | Stage::Failed => Duration::zero(),
+        }
+    }
+}
+
+/// The workflow use cases.
+#[derive(Clone)]
+pub struct Workflows {
+    inventory: Inventory,
+    configs: ConfigService,
+    bmc: BmcService,
+    settings: WorkflowSettings,
+}
+
+/// What a started reinstall tells the caller.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Started {
+    /// The reinstall.
+    pub reinstall: Reinstall,
+    /// What happens next, for the tech (e.g. "power-cycle it now" without a BMC).
+    pub next: String,
+}
+
+fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> NewEvent {
+    NewEvent {
+        machine_id: Some(id),
+        kind: kind.into(),
+        actor: actor.into(),
+        detail,
+    }
+}
+
+impl Workflows {
+    /// Over the inventory, configs and BMCs.
+    pub fn new(
+        inventory: Inventory,
+        configs: ConfigService,
+        bmc: BmcService,
+        settings: WorkflowSettings,
+    ) -> Self {
+        Workflows {
+            inventory,
+            configs,
+            bmc,
+            settings,
+        }
+    }
+
+    fn store(&self) -> &std::sync::Arc<dyn super::InventoryStore> {
+        self.inventory.store()
+    }
+
+    /// The reinstall policy of a machine's cluster.
+    async fn policy(&self, m: &Machine) -> Result<ReinstallPolicy, ServiceError> {
+        let Some(c) = &m.cluster else {
+            return Ok(ReinstallPolicy::default());
+        };
+        let sources = self.configs.sources().await?;
+        Ok(sources
+            .clusters
+            .get(c)
+            .and_then(|c| c.spec.reinstall.clone())
+            .unwrap_or_default())
+    }
+
+    /// Every machine of a cluster.
+    async fn cluster_machines(&self, cluster: &str) -> Result<Vec<Machine>, ServiceError> {
+        let mut out = Vec::new();
+        let mut filter = MachineFilter {
+            cluster: Some(cluster.to_string()),
+            limit: 1000,
+            ..Default::default()
+        };
+        loop {
+            let page = self.store().list_machines(&filter).await?;
+            out.extend(page.items);
+            match page.next_cursor.and_then(|c| c.parse().ok()) {
+                Some(n) => filter.after = Some(n),
+                None => break,
+            }
+        }
+        Ok(out)
+    }
+
+    /// The safety rules: `Err` names the rule a reinstall of `m` would break now.
+    pub async fn safety(&self, m: &Machine) -> Result<(), String> {
+        let Some(cluster) = &m.cluster else {
+            return Ok(());
+        };
+        let machines = self
+            .cluster_machines(cluster)
+            .await
+            .map_err(|e| e.to_string())?;
+        let busy = |o: &Machine| o.id != m.id && o.state == LifecycleState::Provisioning;
+        match m.role {
+            Some(Role::ControlPlane) => {
+                let cps: Vec<&Machine> = machines
+                    .iter()
+                    .filter(|o| o.role == Some(Role::ControlPlane))
+                    .collect();
+                if let Some(other) = cps.iter().find(|o| busy(o)) {
+                    return Err(format!(
+                        "control-plane machine {} of cluster {cluster} is being (re)installed; control planes are reinstalled one at a time so etcd keeps quorum",
+                        other.display_name()
+                    ));
+                }
+                let healthy = cps
+                    .iter()
+                    .filter(|o| o.id != m.id && o.state == LifecycleState::Installed)
+                    .count();
+                if m.state == LifecycleState::Installed && cps.len() > 1 && healthy == 0 {
+                    return Err(format!(
+                        "no other control-plane machine of cluster {cluster} is installed: reinstalling this one would take the whole control plane down"
+                    ));
+                }
+            }
+            Some(Role::Worker) | None => {
+                let policy = self.policy(m).await.map_err(|e| e.to_string())?;
+                let rack_busy = machines
+                    .iter()
+                    .filter(|o| o.role != Some(Role::ControlPlane) && o.rack == m.rack)
+                    .filter(|o| busy(o))
+                    .count();
+                if rack_busy >= policy.max_workers_per_rack as usize {
+                    return Err(format!(
+                        "{rack_busy} worker(s) of rack {} are being (re)installed; the cluster allows {} at once",
+                        m.rack.as_deref().unwrap_or("(none)"),
+                        policy.max_workers_per_rack
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Start a reinstall of machine `id`.
+    pub async fn start(
+        &self,
+        id: MachineId,
+        wipe: bool,
+        actor: &str,
+    ) -> Result<Started, ServiceError> {
+        self.start_attempt(id, wipe, actor, false, 1).await
+    }
+
+    async fn start_attempt(
+        &self,
+        id: MachineId,
+        wipe: bool,
+        actor: &str,
+        automatic: bool,
+        attempt: u32,
+    ) -> Result<Started, ServiceError> {
+        let m = self.inventory.get(id).await?;
+        if let Some(r) = self.store().reinstall(id).await? {
+            if r.stage.is_active() {
+                return Err(ServiceError::Busy(format!(
+                    "a reinstall of {} is already running (stage {})",
+                    m.display_name(),
+                    r.stage.as_str()
+                )));
+            }
+        }
+        if !crate::domain::lifecycle::allowed(m.state, LifecycleState::Provisioning) {
+            return Err(ServiceError::InvalidTransition {
+                from: m.state,
+                to: LifecycleState::Provisioning,
+            });
+        }
+        self.safety(&m).await.map_err(ServiceError::Busy)?;
+        let mark = self.store().last_event_id().await?;
+        self.configs
+            .open_window(&self.inventory, id, self.settings.window, wipe, actor)
+            .await
+            .map_err(|e| match e {
+                super::config::OpenError::Service(s) => s,
+                super::config::OpenError::Config(c) => ServiceError::from(c),
+            })?;
+        let now = Utc::now();
+        let r = Reinstall {
+            machine_id: id,
+            stage: Stage::Power,
+            stage_started_at: now,
+            stage_deadline: now + self.settings.power,
+            wipe,
+            automatic,
+            attempt,
+            event_mark: mark,
+            node_address: None,
+            requested_by: actor.to_string(),
+            started_at: now,
+            finished_at: None,
+            error: None,
+        };
+        let ev = event(
+            id,
+            "reinstall.started",
+            actor,
+            serde_json::json!({"wipe": wipe, "automatic": automatic, "attempt": attempt}),
+        );
+        if !self.store().start_reinstall(&r, &ev).await? {
+            return Err(ServiceError::Busy(format!(
+                "a reinstall of {} is already running",
+                m.display_name()
+            )));
+        }
+        let next = if m.bmc.is_some() {
+            format!(
+                "Plinth sets a one-time {} boot and power-cycles the machine through its BMC",
+                self.settings.boot_target
+            )
+        } else {
+            "this machine has no BMC: power-cycle it now and let it boot from the network".into()
+        };
+        tracing::info!(machine = %id, actor, automatic, attempt, "reinstall started");
+        Ok(Started { reinstall: r, next })
+    }
+
+    /// A machine's current or last reinstall.
+    pub async fn status(&self, id: MachineId) -> Result<Option<Reinstall>, ServiceError> {
+        Ok(self.store().reinstall(id).await?)
+    }
+
+    /// Move every running reinstall on, then let the scheduler start automatic ones. Called
+    /// periodically by the server; safe to call from several instances at once.
+    pub async fn tick(&self) -> Result<(), ServiceError> {
+        for r in self.store().active_reinstalls().await? {
+            if let Err(e) = self.step(r.clone()).await {
+                tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %e, "reinstall step failed");
+            }
+        }
+        self.schedule().await
+    }
+
+    async fn advance(
+        &self,
+        r: &Reinstall,
+        to: Stage,
+        detail: serde_json::Value,
+    ) -> Result<Option<Reinstall>, ServiceError> {
+        let now = Utc::now();
+        let mut next = r.clone();
+        next.stage = to;
+        next.stage_started_at = now;
+        next.stage_deadline = now + self.settings.deadline(to);
+        if !to.is_active() {
+            next.finished_at = Some(now);
+        }
+        let ev = event(
+            r.machine_id,
+            &format!("reinstall.{}", to.as_str()),
+            "plinth",
+            detail,
+        );
+        Ok(self
+            .store()
+            .advance_reinstall(&next, r.stage, &ev)
+            .await?
+            .then_some(next))
+    }
+
+    async fn fail(&self, r: &Reinstall, why: String) -> Result<(), ServiceError> {
+        let mut failed = r.clone();
+        failed.error = Some(why.clone());
+        let Some(_) = self
+            .advance(
+                &failed,
+                Stage::Failed,
+                serde_json::json!({"stage": r.stage.as_str(), "error": why}),
+            )
+            .await?
+        else {
+            return Ok(());
+        };
+        tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %why, "reinstall failed");
+        match self
+            .inventory
+            .set_state(
+                r.machine_id,
+                None,
+                LifecycleState::Failed,
+                Some(format!("reinstall: {why}")),
+                "plinth",
+            )
+            .await
+        {
+            Ok(_) | Err(ServiceError::InvalidTransition { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn seen(&self, r: &Reinstall, kind: &str) -> Result<Vec<super::Event>, ServiceError> {
+        Ok(self
+            .store()
+            .list_events(&EventFilter {
+                machine_id: Some(r.machine_id),
+                kind_prefix: Some(kind.to_string()),
+                after_id: Some(r.event_mark),
+                limit: 100,
+            })
+            .await?)
+    }
+
+    async fn step(&self, r: Reinstall) -> Result<(), ServiceError> {
+        let now = Utc::now();
+        let m = match self.inventory.get(r.machine_id).await {
+            Ok(m) => m,
+            Err(ServiceError::NotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        // Someone moved the machine out of provisioning by hand: the workflow ends with it.
+        if m.state != LifecycleState::Provisioning && r.stage != Stage::Power {
+            if m.state == LifecycleState::Installed {
+                self.advance(&r, Stage::Done, serde_json::json!({"by": "operator"}))
+                    .await?;
+            } else {
+                self.fail(
+                    &r,
+                    format!(
+                        "the machine was set to {} during stage {}",
+                        m.state,
+                        r.stage.as_str()
+                    ),
+                )
+                .await?;
+            }
+            return Ok(());
+        }
+        match r.stage {
+            Stage::Power => {
+                // Claim the stage first: only one instance power-cycles.
+                let Some(next) = self
+                    .advance(
+                        &r,
+                        Stage::Netboot,
+                        serde_json::json!({"bmc": m.bmc.is_some()}),
+                    )
+                    .await?
+                else {
+                    return Ok(());
+                };
+                if m.bmc.is_none() {
+                    self.store()
+                        .append_event(&event(
+                            m.id,
+                            "reinstall.power_cycle_needed",
+                            "plinth",
+                            serde_json::json!({"message": "no BMC: power-cycle this machine now and let it boot from the network"}),
+                        ))
+                        .await?;
+                    return Ok(());
+                }
+                let reference = m.id.to_string();
+                let result = async {
+                    self.bmc
+                        .boot_once(&reference, self.settings.boot_target, None, "plinth")
+                        .await?;
+                    let state = self.bmc.power_state(&reference).await?;
+                    let action = if state.power_state == "off" {
+                        PowerAction::On
+                    } else {
+                        PowerAction::Cycle
+                    };
+                    self.bmc.power(&reference, action, "plinth").await
+                }
+                .await;
+                if let Err(e) = result {
+                    self.fail(&next, format!("stage power: the BMC failed: {e}"))
+                        .await?;
+                }
+            }
+            Stage::Netboot => {
+                let scripts = self.seen(&r, "boot.script").await?;
+                let installing = scripts
+                    .iter()
+                    .any(|e| e.detail.get("plan").and_then(|p| p.as_str()) == Some("install"));
+                let fetched = !self.seen(&r, "config.served").await?.is_empty();
+                if installing || fetched {
+                    self.advance(&r, Stage::Config, serde_json::json!({}))
+                        .await?;
+                } else if now > r.stage_deadline {
+                    self.missed(&r).await?;
+                }
+            }
+            Stage::Config => {
+                let served = self.seen(&r, "config.served").await?;
+                if let Some(e) = served.last() {
+                    let mut next = r.clone();
+                    next.node_address = e
+                        .detail
+                        .get("from")
+                        .and_then(|f| f.as_str())
+                        .map(str::to_string);
+                    self.advance(
+                        &next,
+                        Stage::TalosApi,
+                        serde_json::json!({"node_address": next.node_address}),
+                    )
+                    .await?;
+                } else if now > r.stage_deadline {
+                    self.missed(&r).await?;
+                }
+            }
+            Stage::TalosApi => {
+                let up = match &r.node_address {
+                    Some(a) => self.talos_api_answers(a).await,
+                    None => false,
+                };
+                if up {
+                    let Some(_) = self
+                        .advance(
+                            &r,
+                            Stage::Done,
+                            serde_json::json!({"node_address": r.node_address}),
+                        )
+                        .await?
+                    else {
+                        return Ok(());
+                    };
+                    self.inventory
+                        .set_state(m.id, None, LifecycleState::Installed, None, "plinth")
+                        .await?;
+                    tracing::info!(machine = %m.id, "reinstall done: installed");
+                } else if now > r.stage_deadline {
+                    self.missed(&r).await?;
+                }
+            }
+            Stage::Done | Stage::Failed => {}
+        }
+        Ok(())
+    }
+
+    async fn missed(&self, r: &Reinstall) -> Result<(), ServiceError> {
+        let secs = self.settings.deadline(r.stage).num_seconds();
+        self.fail(
+            r,
+            format!("stage {} missed its deadline of {secs} s", r.stage.as_str()),
+        )
+        .await
+    }
+
+    async fn talos_api_answers(&self, address: &str) -> bool {
+        let Ok(ip) = address.parse::<std::net::IpAddr>() else {
+            return false;
+        };
+        let addr = SocketAddr::new(ip, self.settings.talos_api_port);
+        matches!(
+            tokio::time::timeout(
+                StdDuration::from_secs(2),
+                tokio::net::TcpStream::connect(addr)
+            )
+            .await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Start automatic reinstalls of failed machines whose cluster asks for them.
+    async fn schedule(&self) -> Result<(), ServiceError> {
+        let mut failed = Vec::new();
+        let mut filter = MachineFilter {
+            state: Some(LifecycleState::Failed),
+            limit: 1000,
+            ..Default::default()
+        };
+        loop {
+            let page = self.store().list_machines(&filter).await?;
+            failed.extend(page.items);
+            match page.next_cursor.and_then(|c| c.parse().ok()) {
+                Some(n) => filter.after = Some(n),
+                None => break,
+            }
+        }
+        if failed.is_empty() {
+            return Ok(());
+        }
+        let sources = self.configs.sources().await?;
+        // Oldest failure first, so machines take turns under the safety rules.
+        failed.sort_by_key(|m| m.updated_at);
+        let now = Utc::now();
+        for m in failed {
+            let Some(policy) = m
+                .cluster
+                .as_ref()
+                .and_then(|c| sources.clusters.get(c))
+                .and_then(|c| c.spec.reinstall.clone())
+            else {
+                continue;
+            };
+            if !policy.auto {
+                continue;
+            }
+            let last = self.store().reinstall(m.id).await?;
+            let (attempts, since) = match &last {
+                Some(r) if r.stage.is_active() => continue,
+                Some(r) if r.automatic && r.stage == Stage::Failed => {
+                    (r.attempt, r.finished_at.unwrap_or(m.updated_at))
+                }
+                _ => (0, m.updated_at),
+            };
+            if attempts >= policy.max_attempts {
+                continue;
+            }
+            let backoff = policy
+                .backoff_seconds
+                .saturating_mul(1u64 << attempts.saturating_sub(1).min(16));
+            if now < since + Duration::seconds(i64::try_from(backoff).unwrap_or(i64::MAX / 2)) {
+                continue;
+            }
+            match self
+                .start_attempt(m.id, false, "plinth", true, attempts + 1)
+                .await
+            {
+                Ok(_) => {}
+                Err(ServiceError::Busy(why)) => {
+                    tracing::debug!(machine = %m.id, why, "automatic reinstall waits");
+                }
+                Err(e) => {
+                    tracing::warn!(machine = %m.id, error = %e, "automatic reinstall not started");
+                }
+            }
+        }
+        Ok(())
+    }
+}
