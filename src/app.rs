@@ -262,6 +262,13 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
             public_url: config.boot_public_url.clone(),
             ipxe_dir: Some(config.ipxe_dir.clone()),
             images: crate::images::ImageCache::new(config.data_dir.join("images")),
+            puller: match &config.image_factory {
+                Some(f) => Some(crate::images::ImagePuller::new(
+                    crate::images::ImageCache::new(config.data_dir.join("images")),
+                    f,
+                )?),
+                None => None,
+            },
         }),
     };
     let router = http::router(state);

@@ -319,6 +319,22 @@ pub enum ImageCommand {
         #[arg(long)]
         initramfs: PathBuf,
     },
+    /// Download a kernel and initramfs from an Image Factory into the cache, with progress
+    /// (verified, written atomically; files already cached are kept).
+    Pull {
+        /// Talos version, e.g. v1.11.6.
+        #[arg(long)]
+        version: String,
+        /// amd64 or arm64.
+        #[arg(long, default_value = "amd64")]
+        arch: String,
+        /// Image Factory schematic id (default: the vanilla schematic).
+        #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
+        schematic: String,
+        /// Image Factory base URL (default: [images].factory_url, else the public factory).
+        #[arg(long)]
+        factory: Option<String>,
+    },
     /// List cached images.
     List {
         /// JSON output.
@@ -334,6 +350,63 @@ pub enum ImageCommand {
         #[arg(long, default_value = crate::images::VANILLA_SCHEMATIC)]
         schematic: String,
     },
+}
+
+/// `plinth image pull`: download with a progress bar on stderr.
+pub async fn image_pull(
+    cache: &crate::images::ImageCache,
+    factory: &str,
+    version: &str,
+    arch: &str,
+    schematic: &str,
+) -> anyhow::Result<()> {
+    use crate::domain::dhcp::Arch;
+    let arch = match arch {
+        "amd64" | "x86_64" => Arch::Amd64,
+        "arm64" | "aarch64" => Arch::Arm64,
+        other => bail!("--arch: `{other}` is not amd64 or arm64"),
+    };
+    let puller = crate::images::ImagePuller::new(cache.clone(), factory)?;
+    type Bars = std::collections::HashMap<String, indicatif::ProgressBar>;
+    let bars: std::sync::Arc<std::sync::Mutex<Bars>> = std::sync::Arc::default();
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg:22} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    let b = bars.clone();
+    let progress: crate::images::Progress = std::sync::Arc::new(move |name, done, total| {
+        let mut bars = b.lock().unwrap_or_else(|p| p.into_inner());
+        let bar = bars.entry(name.to_string()).or_insert_with(|| {
+            let bar = indicatif::ProgressBar::with_draw_target(
+                total,
+                indicatif::ProgressDrawTarget::stderr(),
+            );
+            bar.set_style(style.clone());
+            bar.set_message(name.to_string());
+            bar
+        });
+        bar.set_position(done);
+    });
+    let files = puller
+        .pull(schematic, version, arch, Some(progress))
+        .await
+        .with_context(|| format!("pulling Talos {version} ({schematic}) from {factory}"))?;
+    for bar in bars.lock().unwrap_or_else(|p| p.into_inner()).values() {
+        bar.finish();
+    }
+    for (f, downloaded) in files {
+        say(format!(
+            "{} {}/{}/{} ({} bytes, sha256 {})",
+            if downloaded { "pulled" } else { "cached" },
+            f.schematic,
+            f.version,
+            f.name,
+            f.size,
+            f.sha256
+        ));
+    }
+    Ok(())
 }
 
 /// Run `plinth image ...` against the cache of a data directory.
@@ -363,6 +436,9 @@ pub fn image(cache: &crate::images::ImageCache, cmd: ImageCommand) -> anyhow::Re
                     f.schematic, f.version, f.name, f.size, f.sha256
                 ));
             }
+        }
+        ImageCommand::Pull { .. } => {
+            bail!("`image pull` runs asynchronously: call image_pull")
         }
         ImageCommand::List { json } => {
             let files = cache.list();

@@ -69,6 +69,18 @@ pub struct RawConfig {
     /// `[workflows]`.
     #[serde(default)]
     pub workflows: RawWorkflows,
+    /// `[images]`.
+    #[serde(default)]
+    pub images: RawImages,
+}
+
+/// `[images]`: where Talos kernels and initramfs images come from.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawImages {
+    /// Image Factory base URL. When set, images a booting machine needs and the cache lacks are
+    /// downloaded on demand (one download per file however many machines ask).
+    pub factory_url: Option<String>,
 }
 
 /// `[workflows]`: deadlines of the reinstall stages and the engine's pace.
@@ -285,6 +297,8 @@ pub struct Config {
     pub workflows: crate::service::WorkflowSettings,
     /// How often the workflow engine runs.
     pub workflow_tick: std::time::Duration,
+    /// Image Factory for on-demand pulls (`[images].factory_url`).
+    pub image_factory: Option<String>,
 }
 
 /// Validated `[tftp]`.
@@ -682,7 +696,17 @@ impl RawConfig {
         let workflow_tick = secs("workflows.tick_seconds", w.tick_seconds, 2)?
             .to_std()
             .unwrap_or(std::time::Duration::from_secs(2));
+        let image_factory = match self.images.factory_url {
+            Some(u) if !(u.starts_with("https://") || u.starts_with("http://")) => {
+                return Err(ConfigError::new(
+                    "images.factory_url",
+                    format!("`{u}` is not an http(s) URL, e.g. https://factory.talos.dev"),
+                ))
+            }
+            other => other,
+        };
         Ok(Config {
+            image_factory,
             workflows,
             workflow_tick,
             talos_schema_dir,

@@ -139,6 +139,25 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let config = load()?;
             plinth::cli_config::apply(&config, &dir, dry_run).await
         }
+        Command::Image(plinth::cli::ImageCommand::Pull {
+            version,
+            arch,
+            schematic,
+            factory,
+        }) => {
+            let config = load()?;
+            let factory = factory
+                .or(config.image_factory.clone())
+                .unwrap_or_else(|| "https://factory.talos.dev".into());
+            plinth::cli::image_pull(
+                &plinth::images::ImageCache::new(config.data_dir.join("images")),
+                &factory,
+                &version,
+                &arch,
+                &schematic,
+            )
+            .await
+        }
         Command::Image(cmd) => {
             let config = load()?;
             plinth::cli::image(

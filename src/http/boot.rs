@@ -33,6 +33,8 @@ pub struct BootSettings {
     pub ipxe_dir: Option<PathBuf>,
     /// The image cache.
     pub images: ImageCache,
+    /// On-demand downloads from an Image Factory, when configured.
+    pub puller: Option<crate::images::ImagePuller>,
 }
 
 fn base_url(s: &AppState, headers: &HeaderMap) -> String {
@@ -175,13 +177,36 @@ async fn install_assets(
         crate::images::initramfs_name(arch),
     );
     for f in [&kernel, &initramfs] {
-        match s.boot.images.path(&ticket.schematic_id, &ticket.talos_version, f) {
+        match s
+            .boot
+            .images
+            .path(&ticket.schematic_id, &ticket.talos_version, f)
+        {
             Ok(Some(_)) => {}
             _ => {
+                let Some(puller) = s.boot.puller.clone() else {
+                    return Err(format!(
+                        "Talos {} {f} of schematic {} is not in the image cache: plinth image import or pull it",
+                        ticket.talos_version, ticket.schematic_id
+                    ));
+                };
+                // One download however many machines ask; they hold and poll meanwhile.
+                let (schematic, version, name) = (
+                    ticket.schematic_id.clone(),
+                    ticket.talos_version.clone(),
+                    f.clone(),
+                );
+                tokio::spawn(async move {
+                    if let Err(e) = puller.ensure(&schematic, &version, &name, None).await {
+                        tracing::warn!(error = %e, "image pull failed");
+                    }
+                });
                 return Err(format!(
-                    "Talos {} {f} of schematic {} is not in the image cache: plinth image import or pull it",
-                    ticket.talos_version, ticket.schematic_id
-                ))
+                    "Talos {} {f} of schematic {} is not in the image cache yet: downloading it from {}",
+                    ticket.talos_version,
+                    ticket.schematic_id,
+                    s.boot.puller.as_ref().map(|p| p.factory()).unwrap_or_default()
+                ));
             }
         }
     }
@@ -304,6 +329,39 @@ pub async fn image(
             let digest = s.boot.images.digest(&p);
             super::files::serve_file(&p, digest, &method, &headers).await
         }
-        Ok(None) | Err(_) => StatusCode::NOT_FOUND.into_response(),
+        Ok(None) => {
+            // Not cached: with a factory configured, fetch it once for everyone asking.
+            let Some(puller) = &s.boot.puller else {
+                return StatusCode::NOT_FOUND.into_response();
+            };
+            // Only images a declared cluster uses: a request cannot make Plinth fetch anything.
+            let wanted = match s.configs.sources().await {
+                Ok(src) => src
+                    .clusters
+                    .values()
+                    .any(|c| c.spec.schematic_id == schematic && c.spec.talos_version == version),
+                Err(_) => false,
+            };
+            if !wanted {
+                return StatusCode::NOT_FOUND.into_response();
+            }
+            match puller.ensure(&schematic, &version, &file, None).await {
+                Ok(_) => match s.boot.images.path(&schematic, &version, &file) {
+                    Ok(Some(p)) => {
+                        let digest = s.boot.images.digest(&p);
+                        super::files::serve_file(&p, digest, &method, &headers).await
+                    }
+                    _ => StatusCode::NOT_FOUND.into_response(),
+                },
+                Err(crate::images::PullError::Refused { .. }) => {
+                    StatusCode::NOT_FOUND.into_response()
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "image pull failed");
+                    StatusCode::BAD_GATEWAY.into_response()
+                }
+            }
+        }
+        Err(_) => StatusCode::NOT_FOUND.into_response(),
     }
 }

@@ -13,6 +13,9 @@ use sha2::{Digest, Sha256};
 
 use crate::domain::dhcp::Arch;
 
+mod pull;
+pub use pull::{ImagePuller, Progress, PullError};
+
 /// Image Factory's id of the schematic without customizations (`customization: {}`).
 pub const VANILLA_SCHEMATIC: &str =
     "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
@@ -212,6 +215,56 @@ impl ImageCache {
             name: name.into(),
             size,
             sha256: sha,
+        })
+    }
+
+    /// Where a download of `name` is written before [`ImageCache::adopt`] moves it into place
+    /// (same directory, so the rename is atomic). Creates the directory.
+    pub fn download_path(
+        &self,
+        schematic: &str,
+        version: &str,
+        name: &str,
+    ) -> Result<PathBuf, ImageError> {
+        check_schematic(schematic)?;
+        check_version(version)?;
+        check_name(name)?;
+        let dir = self.root.join(schematic).join(version);
+        std::fs::create_dir_all(&dir).map_err(|e| io(e, &dir))?;
+        let mut nonce = [0u8; 8];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut nonce);
+        Ok(dir.join(format!(".{name}.{}.download", hex::encode(nonce))))
+    }
+
+    /// Move a finished, fsynced download (from [`ImageCache::download_path`]) into place with its
+    /// digest.
+    pub fn adopt(
+        &self,
+        schematic: &str,
+        version: &str,
+        name: &str,
+        tmp: &Path,
+        size: u64,
+        sha256: &str,
+    ) -> Result<CachedFile, ImageError> {
+        check_schematic(schematic)?;
+        check_version(version)?;
+        check_name(name)?;
+        let dir = self.root.join(schematic).join(version);
+        let dst = dir.join(name);
+        let mut digest = dst.as_os_str().to_owned();
+        digest.push(".sha256");
+        std::fs::write(&digest, format!("{sha256}\n")).map_err(|e| io(e, Path::new(&digest)))?;
+        std::fs::rename(tmp, &dst).map_err(|e| io(e, &dst))?;
+        if let Ok(d) = std::fs::File::open(&dir) {
+            let _ = d.sync_all();
+        }
+        Ok(CachedFile {
+            schematic: schematic.into(),
+            version: version.into(),
+            name: name.into(),
+            size,
+            sha256: sha256.into(),
         })
     }
 

@@ -15,6 +15,7 @@ mod cli;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
+mod images_pull;
 mod talos_cli;
 mod talos_configs;
 mod talos_patch;
