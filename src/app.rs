@@ -212,13 +212,15 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         store.clone(),
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
+    let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
     if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
         let opts = crate::tftp::TftpOptions {
             max_block_size: t.max_block_size,
             max_window_size: t.max_window_size,
         };
         let (root, m, stop) = (config.ipxe_dir.clone(), metrics.clone(), shutdown.clone());
-        tasks.spawn(async move { crate::tftp::serve(sock, root, opts, m, stop).await });
+        let tl = Some(timeline.clone());
+        tasks.spawn(async move { crate::tftp::serve(sock, root, opts, m, tl, stop).await });
     }
     let bootable = bootable_arches(&config.ipxe_dir);
     let configs = crate::service::ConfigService::new(
@@ -250,6 +252,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         });
     }
     let state = AppState {
+        timeline,
         shutdown: shutdown.clone(),
         workflows,
         configs,

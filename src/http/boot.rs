@@ -227,6 +227,44 @@ async fn install_assets(
     }))
 }
 
+/// A machine's boot timeline: every DHCP, TFTP and HTTP step and config fetch seen for it, with
+/// the state changes and reinstall stages between them, oldest first.
+#[utoipa::path(get, path = "/api/v1/machines/{id}/timeline", tag = "machines",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = Vec<crate::service::Event>), (status = 404, body = super::error::ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn timeline(
+    State(s): State<AppState>,
+    caller: super::extract::Caller,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Vec<crate::service::Event>>, super::error::ApiError> {
+    caller.require(crate::service::ApiRole::Viewer)?;
+    let m = s.inventory.resolve(&id).await?;
+    let all = s
+        .inventory
+        .events(&crate::service::EventFilter {
+            machine_id: Some(m.id),
+            kind_prefix: None,
+            after_id: None,
+            limit: 10_000,
+        })
+        .await?;
+    const STEPS: &[&str] = &[
+        "dhcp.",
+        "tftp.",
+        "http.",
+        "boot.",
+        "config.",
+        "reinstall.",
+        "machine.state",
+    ];
+    Ok(axum::Json(
+        all.into_iter()
+            .filter(|e| STEPS.iter().any(|p| e.kind.starts_with(p)))
+            .collect(),
+    ))
+}
+
 /// `GET /boot/machine.ipxe?mac=..&uuid=..`.
 pub async fn machine(
     State(s): State<AppState>,
@@ -320,10 +358,21 @@ pub async fn ipxe_binary(
 /// `GET|HEAD /images/{schematic}/{version}/{file}`.
 pub async fn image(
     State(s): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path((schematic, version, file)): Path<(String, String, String)>,
     method: Method,
     headers: HeaderMap,
 ) -> Response {
+    if method == Method::GET && !headers.contains_key(header::RANGE) {
+        if let std::net::IpAddr::V4(ip) = peer.ip() {
+            s.timeline.record(crate::service::timeline::Step {
+                kind: "http.image",
+                mac: None,
+                ip: Some(ip),
+                detail: serde_json::json!({"file": file, "version": version, "schematic": schematic}),
+            });
+        }
+    }
     match s.boot.images.path(&schematic, &version, &file) {
         Ok(Some(p)) => {
             let digest = s.boot.images.digest(&p);

@@ -43,6 +43,8 @@ pub struct AppState {
     pub configs: crate::service::ConfigService,
     /// Reinstall workflows.
     pub workflows: crate::service::Workflows,
+    /// The boot timeline recorder.
+    pub timeline: crate::service::timeline::Timeline,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
 }
@@ -66,6 +68,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(machines::set_state),
         )
         .route("/machines/{id}/config", get(configs::status))
+        .route("/machines/{id}/timeline", get(boot::timeline))
         .route(
             "/machines/{id}/provision",
             axum::routing::post(configs::open).delete(configs::close),

@@ -40,7 +40,7 @@ impl Modify for Bearer {
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
         configs::status, configs::open, configs::close,
-        workflows::start, workflows::status, workflows::stream,
+        workflows::start, workflows::status, workflows::stream, super::boot::timeline,
     ),
     components(schemas(
         Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,

@@ -13,6 +13,7 @@ pub mod inventory;
 pub mod leases;
 pub mod secrets;
 pub mod store;
+pub mod timeline;
 pub mod workflow;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};

@@ -28,6 +28,7 @@ pub struct OutcomeLabel {
 pub struct RootedHandler {
     root: PathBuf,
     requests: Family<OutcomeLabel, Counter>,
+    timeline: Option<crate::service::timeline::Timeline>,
 }
 
 impl RootedHandler {
@@ -40,7 +41,17 @@ impl RootedHandler {
             "TFTP requests, by outcome",
             requests.clone(),
         );
-        Ok(Self { root, requests })
+        Ok(Self {
+            root,
+            requests,
+            timeline: None,
+        })
+    }
+
+    /// Report every read to the boot timeline.
+    pub fn with_timeline(mut self, timeline: Option<crate::service::timeline::Timeline>) -> Self {
+        self.timeline = timeline;
+        self
     }
 
     fn count(&self, outcome: &str) {
@@ -107,6 +118,14 @@ impl Handler for RootedHandler {
         let len = file.metadata().ok().map(|m| m.len());
         self.count("served");
         tracing::info!(%client, file = %path.display(), bytes = len.unwrap_or(0), "tftp read");
+        if let (Some(t), std::net::IpAddr::V4(ip)) = (&self.timeline, client.ip()) {
+            t.record(crate::service::timeline::Step {
+                kind: "tftp.read",
+                mac: None,
+                ip: Some(ip),
+                detail: serde_json::json!({"file": path.display().to_string(), "bytes": len}),
+            });
+        }
         Ok((blocking::Unblock::new(file), len))
     }
 
@@ -137,9 +156,10 @@ pub async fn serve(
     root: PathBuf,
     opts: TftpOptions,
     metrics: Arc<Metrics>,
+    timeline: Option<crate::service::timeline::Timeline>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let handler = RootedHandler::new(&root, &metrics)?;
+    let handler = RootedHandler::new(&root, &metrics)?.with_timeline(timeline);
     socket.set_nonblocking(true)?;
     let server = TftpServerBuilder::with_handler(handler)
         .std_socket(socket)?

@@ -22,7 +22,7 @@ async fn tftp_server(root: &Path) -> (std::net::SocketAddr, CancellationToken) {
         max_window_size: 16,
     };
     let (root, s) = (root.to_path_buf(), stop.clone());
-    tokio::spawn(async move { plinth::tftp::serve(sock, root, opts, metrics, s).await });
+    tokio::spawn(async move { plinth::tftp::serve(sock, root, opts, metrics, None, s).await });
     (addr, stop)
 }
 

@@ -189,6 +189,24 @@ async fn reinstall_without_bmc_reaches_installed(b: Backend) {
         StatusCode::NOT_FOUND
     );
 
+    // The boot timeline shows the steps in order.
+    let tl = get(&srv, &format!("/api/v1/machines/{id}/timeline")).await;
+    let kinds: Vec<&str> = tl
+        .as_array()
+        .expect("timeline")
+        .iter()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    let pos = |k: &str| {
+        kinds
+            .iter()
+            .position(|x| *x == k)
+            .unwrap_or_else(|| panic!("{k} in {kinds:?}"))
+    };
+    assert!(pos("reinstall.started") < pos("boot.script"));
+    assert!(pos("boot.script") < pos("config.served"));
+    assert!(pos("config.served") < pos("reinstall.done"));
+
     // The stream saw every stage in order.
     let mut seen = String::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);

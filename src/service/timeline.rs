@@ -1,0 +1,135 @@
+//! The boot timeline: every DHCP, TFTP and HTTP step seen for a machine, as events of that
+//! machine, so a tech can see where a boot stopped. Front doors report steps with what they know
+//! (a MAC, or only the client's address); a background task finds the machine (by MAC, else by
+//! the address's lease or reservation) and writes the events in batches, off the hot path: a
+//! front door never waits for the database, and when the queue is full a step is dropped and
+//! counted rather than slowing a boot.
+//!
+//! Imports `domain` and the rest of `service` only.
+
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::store::{InventoryStore, NewEvent};
+use crate::domain::{MacAddr, UniqueKey};
+
+/// One step of a boot.
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Event kind, e.g. `dhcp.ack`, `tftp.read`, `http.image`.
+    pub kind: &'static str,
+    /// The client's MAC, when the protocol tells it.
+    pub mac: Option<MacAddr>,
+    /// The client's address.
+    pub ip: Option<Ipv4Addr>,
+    /// What happened (never secrets).
+    pub detail: serde_json::Value,
+}
+
+/// Where front doors report steps.
+#[derive(Clone)]
+pub struct Timeline {
+    tx: mpsc::Sender<Step>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Timeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Timeline").finish_non_exhaustive()
+    }
+}
+
+impl Timeline {
+    /// Start the writer over `store`; it stops when `stop` is cancelled (after writing what is
+    /// queued).
+    pub fn start(store: Arc<dyn InventoryStore>, stop: CancellationToken) -> Timeline {
+        let (tx, rx) = mpsc::channel(8192);
+        tokio::spawn(writer(store, rx, stop));
+        Timeline {
+            tx,
+            dropped: Arc::default(),
+        }
+    }
+
+    /// Report a step; never waits.
+    pub fn record(&self, step: Step) {
+        if self.tx.try_send(step).is_err() {
+            self.dropped.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Steps dropped because the queue was full.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+}
+
+async fn machine_of(
+    store: &Arc<dyn InventoryStore>,
+    step: &Step,
+) -> Option<crate::domain::MachineId> {
+    let mut mac = step.mac;
+    if mac.is_none() {
+        if let Some(ip) = step.ip {
+            if let Ok(Some(l)) = store.lease_by_ip(ip).await {
+                mac = Some(l.mac);
+            } else if let Ok(Some(m)) = store.find_machine(&UniqueKey::Ipv4(ip)).await {
+                return Some(m.id);
+            }
+        }
+    }
+    let mac = mac?;
+    store
+        .find_machine(&UniqueKey::Mac(mac))
+        .await
+        .ok()
+        .flatten()
+        .map(|m| m.id)
+}
+
+async fn writer(
+    store: Arc<dyn InventoryStore>,
+    mut rx: mpsc::Receiver<Step>,
+    stop: CancellationToken,
+) {
+    let mut batch = Vec::new();
+    loop {
+        let first = tokio::select! {
+            s = rx.recv() => s,
+            _ = stop.cancelled() => { rx.close(); rx.recv().await }
+        };
+        let Some(first) = first else { return };
+        batch.push(first);
+        // Gather what arrives within a moment, up to a bounded batch.
+        let until = tokio::time::Instant::now() + Duration::from_millis(50);
+        while batch.len() < 256 {
+            match tokio::time::timeout_at(until, rx.recv()).await {
+                Ok(Some(s)) => batch.push(s),
+                _ => break,
+            }
+        }
+        for step in batch.drain(..) {
+            let Some(id) = machine_of(&store, &step).await else {
+                continue;
+            };
+            let mut detail = step.detail;
+            if let (Some(ip), serde_json::Value::Object(o)) = (step.ip, &mut detail) {
+                o.entry("ip").or_insert_with(|| ip.to_string().into());
+            }
+            let ev = NewEvent {
+                machine_id: Some(id),
+                kind: step.kind.into(),
+                actor: "boot".into(),
+                detail,
+            };
+            if let Err(e) = store.append_event(&ev).await {
+                tracing::warn!(error = %e, "boot timeline: event not written");
+            }
+        }
+    }
+}
