@@ -6,6 +6,7 @@ pub mod bmc_peers;
 pub mod lan;
 pub mod netns;
 pub mod peers;
+pub mod vm_image;
 
 use std::path::PathBuf;
 
