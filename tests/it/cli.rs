@@ -14,9 +14,9 @@ use support::{Backend, TestDb};
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
 /// A server process, killed (by PID) when dropped.
-struct Server {
-    child: Child,
-    base: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) base: String,
 }
 
 impl Drop for Server {
@@ -26,7 +26,7 @@ impl Drop for Server {
     }
 }
 
-fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server {
+pub(crate) fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server {
     let mut cmd = Command::new(BIN);
     cmd.current_dir(cwd)
         .args(["serve", "--http", "127.0.0.1:0"])
@@ -56,7 +56,7 @@ fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server {
     Server { child, base }
 }
 
-fn plinth(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (i32, String, String) {
+pub(crate) fn plinth(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (i32, String, String) {
     let mut cmd = Command::new(BIN);
     cmd.current_dir(cwd)
         .args(args)

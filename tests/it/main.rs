@@ -22,4 +22,5 @@ mod talos_patch;
 mod talos_schema;
 mod talos_secrets;
 mod vm_boot;
+mod workflow_crash;
 mod workflows;
