@@ -475,33 +475,40 @@ impl Workflows {
     }
 
     async fn fail(&self, r: &Reinstall, why: String) -> Result<(), ServiceError> {
+        // The machine's state first (unless it is already failed, keeping the reason it has): a
+        // crash between the two writes leaves a failed machine whose workflow the next tick
+        // closes, never a closed workflow whose machine stays provisioning with its window open.
+        let m = self.inventory.get(r.machine_id).await?;
+        if m.state != LifecycleState::Failed {
+            match self
+                .inventory
+                .set_state(
+                    r.machine_id,
+                    None,
+                    LifecycleState::Failed,
+                    Some(format!("reinstall: {why}")),
+                    "plinth",
+                )
+                .await
+            {
+                Ok(_) | Err(ServiceError::InvalidTransition { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
         let mut failed = r.clone();
         failed.error = Some(why.clone());
-        let Some(_) = self
+        if self
             .advance(
                 &failed,
                 Stage::Failed,
                 serde_json::json!({"stage": r.stage.as_str(), "error": why}),
             )
             .await?
-        else {
-            return Ok(());
-        };
-        tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %why, "reinstall failed");
-        match self
-            .inventory
-            .set_state(
-                r.machine_id,
-                None,
-                LifecycleState::Failed,
-                Some(format!("reinstall: {why}")),
-                "plinth",
-            )
-            .await
+            .is_some()
         {
-            Ok(_) | Err(ServiceError::InvalidTransition { .. }) => Ok(()),
-            Err(e) => Err(e),
+            tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %why, "reinstall failed");
         }
+        Ok(())
     }
 
     async fn seen(&self, r: &Reinstall, kind: &str) -> Result<Vec<super::Event>, ServiceError> {
@@ -526,8 +533,12 @@ impl Workflows {
         // Someone moved the machine out of provisioning by hand: the workflow ends with it.
         if m.state != LifecycleState::Provisioning && r.stage != Stage::Power {
             if m.state == LifecycleState::Installed {
-                self.advance(&r, Stage::Done, serde_json::json!({"by": "operator"}))
-                    .await?;
+                self.advance(
+                    &r,
+                    Stage::Done,
+                    serde_json::json!({"node_address": r.node_address, "installed_by": "state change"}),
+                )
+                .await?;
             } else {
                 self.fail(
                     &r,
@@ -622,19 +633,18 @@ impl Workflows {
                     None => false,
                 };
                 if up {
-                    let Some(_) = self
-                        .advance(
-                            &r,
-                            Stage::Done,
-                            serde_json::json!({"node_address": r.node_address}),
-                        )
-                        .await?
-                    else {
-                        return Ok(());
-                    };
+                    // The machine's state first: a crash between the two writes leaves an
+                    // installed machine whose workflow the next tick closes (see above), never
+                    // a finished workflow whose machine stays provisioning.
                     self.inventory
                         .set_state(m.id, None, LifecycleState::Installed, None, "plinth")
                         .await?;
+                    self.advance(
+                        &r,
+                        Stage::Done,
+                        serde_json::json!({"node_address": r.node_address}),
+                    )
+                    .await?;
                     tracing::info!(machine = %m.id, "reinstall done: installed");
                 } else if now > r.stage_deadline {
                     self.missed(&r).await?;
