@@ -745,3 +745,102 @@ async fn config_delivery(b: Backend) {
 }
 
 both_backends!(config_delivery);
+
+/// A cluster given as base configs (as `talosctl gen config` writes them) instead of a secrets
+/// bundle: its configs are rendered from those bases, secrets and all.
+#[test]
+fn base_configs_instead_of_a_bundle() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let secrets = tmp.path().join("bundle.yaml");
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).args(args).output().expect("plinth");
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    run(&[
+        "cluster",
+        "init",
+        "lab",
+        "--endpoint",
+        "https://10.0.0.10:6443",
+        "--out",
+        secrets.to_str().expect("p"),
+    ]);
+    for role in ["controlplane", "worker"] {
+        let base = run(&[
+            "config",
+            "generate",
+            "--secrets",
+            secrets.to_str().expect("p"),
+            "--name",
+            "lab",
+            "--endpoint",
+            "https://10.0.0.10:6443",
+            "--talos-version",
+            "v1.13.9",
+            "--role",
+            role,
+        ]);
+        std::fs::write(tmp.path().join(format!("{role}.yaml")), base).expect("write");
+    }
+    let inv = tmp.path().join("inv");
+    std::fs::create_dir_all(&inv).expect("mkdir");
+    std::fs::write(
+        inv.join("all.yaml"),
+        r#"kind: Cluster
+name: lab
+endpoint: https://10.0.0.10:6443
+talosVersion: v1.13.9
+baseConfigs:
+  controlplane: ../controlplane.yaml
+  worker: ../worker.yaml
+---
+kind: Profile
+name: p
+installDisk:
+  type: ssd
+---
+kind: Machine
+hostname: w1
+role: worker
+cluster: lab
+profile: p
+interfaces:
+  - mac: "52:54:00:00:00:09"
+    boot: true
+disks:
+  - serial: S1
+    type: ssd
+"#,
+    )
+    .expect("inventory");
+    let config = tmp.path().join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "data_dir = \"{}\"\n[talos]\nschema_dir = \"{}\"\n",
+            tmp.path().join("data").display(),
+            schemas().display()
+        ),
+    )
+    .expect("config");
+    let cli = Cli { config };
+    cli.ok(&["apply", inv.to_str().expect("p")]);
+    let (yaml, _) = cli.ok(&["config", "render", "w1"]);
+    let rendered = MachineConfig::parse(&yaml).expect("parses");
+    let base = MachineConfig::parse(
+        &std::fs::read_to_string(tmp.path().join("worker.yaml")).expect("base"),
+    )
+    .expect("base parses");
+    let (r, b) = (
+        rendered.v1alpha1().expect("doc"),
+        base.v1alpha1().expect("doc"),
+    );
+    assert_eq!(r["machine"]["token"], b["machine"]["token"]);
+    assert_eq!(r["cluster"]["ca"]["crt"], b["cluster"]["ca"]["crt"]);
+    assert_eq!(r["machine"]["install"]["diskSelector"]["serial"], "S1");
+}
