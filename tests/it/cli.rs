@@ -17,6 +17,8 @@ const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 pub(crate) struct Server {
     pub(crate) child: Child,
     pub(crate) base: String,
+    /// Everything the server wrote to stderr so far.
+    pub(crate) log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl Drop for Server {
@@ -42,8 +44,14 @@ pub(crate) fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server
     let mut child = cmd.spawn().expect("spawn plinth");
     let stderr = child.stderr.take().expect("stderr");
     let (tx, rx) = std::sync::mpsc::channel();
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = log.clone();
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(mut l) = sink.lock() {
+                l.push_str(&line);
+                l.push('\n');
+            }
             if let Some(rest) = line.split("serving HTTP on ").nth(1) {
                 let addr = rest.split_whitespace().next().unwrap_or("").to_string();
                 let _ = tx.send(addr);
@@ -53,7 +61,7 @@ pub(crate) fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server
     let base = rx
         .recv_timeout(Duration::from_secs(30))
         .expect("server announces its address");
-    Server { child, base }
+    Server { child, base, log }
 }
 
 pub(crate) fn plinth(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> (i32, String, String) {

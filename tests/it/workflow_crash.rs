@@ -13,6 +13,7 @@ use crate::cli::{plinth, serve, Server};
 use crate::talos_configs::{schemas, token_of, write_inventory, MAC, UUID};
 
 struct Rig {
+    logs: std::sync::Mutex<String>,
     dir: tempfile::TempDir,
     cfg: String,
     token: String,
@@ -21,7 +22,12 @@ struct Rig {
 
 impl Rig {
     fn start(&self) -> Server {
-        serve(self.dir.path(), &["--config", &self.cfg], &[])
+        // Debug logging: the test checks that no token or config secret reaches the log.
+        serve(
+            self.dir.path(),
+            &["--config", &self.cfg],
+            &[("RUST_LOG", "debug".to_string())],
+        )
     }
 
     fn api(&self, srv: &Server, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
@@ -60,6 +66,7 @@ impl Rig {
     /// kill -9 and start again on the same database; the stage must not have moved back.
     fn crash(&self, srv: Server, id: &str, stage: &str) -> Server {
         let pid = srv.child.id();
+        self.logs.lock().expect("logs").push_str(&srv.log.lock().expect("log"));
         drop(srv); // SIGKILL by PID, then reaped
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),
@@ -145,6 +152,7 @@ fn kill_9_at_every_reinstall_stage_resumes_to_installed() {
     );
     assert_eq!(code, 0, "{err}");
     let rig = Rig {
+        logs: std::sync::Mutex::new(String::new()),
         dir,
         cfg: cfg_s,
         token: token.trim().to_string(),
@@ -200,6 +208,7 @@ fn kill_9_at_every_reinstall_stage_resumes_to_installed() {
         .send()
         .expect("config");
     assert_eq!(r.status(), reqwest::StatusCode::OK);
+    let config = r.text().expect("config");
     rig.wait_stage(&srv, &id, "talos_api");
     let srv = rig.crash(srv, &id, "talos_api");
 
@@ -230,6 +239,22 @@ fn kill_9_at_every_reinstall_stage_resumes_to_installed() {
         ],
         "every stage exactly once"
     );
+    // Nothing secret in the logs of any of the four server runs: not the boot's token, not the
+    // API token, not a secret of the served config.
+    let mut logs = rig.logs.lock().expect("logs").clone();
+    logs.push_str(&srv.log.lock().expect("log"));
+    assert!(logs.contains("config served"), "the log is captured");
+    let doc = plinth::talos::MachineConfig::parse(&config).expect("config parses");
+    let v = doc.v1alpha1().expect("doc");
+    for secret in [
+        token.as_str(),
+        rig.token.as_str(),
+        v["machine"]["token"].as_str().expect("machine token"),
+        v["cluster"]["token"].as_str().expect("cluster token"),
+        v["cluster"]["secret"].as_str().expect("cluster secret"),
+    ] {
+        assert!(!logs.contains(secret), "a secret reached the log");
+    }
     drop(srv);
     drop(talos);
 }
