@@ -88,6 +88,10 @@ struct ProfileDoc {
     install_disk: Option<DiskRules>,
     #[serde(default)]
     wipe: bool,
+    #[serde(default)]
+    boot_target: Option<String>,
+    #[serde(default)]
+    boot_media_url: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -202,12 +206,27 @@ impl Loader {
             "Profile" => match serde_yaml_ng::from_value::<ProfileDoc>(body) {
                 Ok(d) => {
                     let patches = self.patches(&dir, origin, "patches", d.patches);
+                    if let Some(t) = &d.boot_target {
+                        match t.parse::<crate::service::bmc::BootTarget>() {
+                            Ok(crate::service::bmc::BootTarget::Cd)
+                                if d.boot_media_url.is_none() =>
+                            {
+                                self.errors.push(format!(
+                                    "{origin}: bootMediaUrl: required when bootTarget is cd (the ISO to insert as virtual media)"
+                                ))
+                            }
+                            Ok(_) => {}
+                            Err(e) => self.errors.push(format!("{origin}: bootTarget: {e}")),
+                        }
+                    }
                     self.out.profiles.push(ProfileSpec {
                         name: d.name,
                         patches,
                         kernel_args: d.kernel_args,
                         install_disk: d.install_disk,
                         wipe: d.wipe,
+                        boot_target: d.boot_target,
+                        boot_media_url: d.boot_media_url,
                     });
                 }
                 Err(e) => self.errors.push(format!("{origin}: Profile: {e}")),

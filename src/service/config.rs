@@ -110,6 +110,13 @@ pub struct ProfileSpec {
     /// Wipe the install disk when installing.
     #[serde(default)]
     pub wipe: bool,
+    /// One-time boot target a reinstall sets through the BMC: `pxe`, `http` (UEFI HTTP boot) or
+    /// `cd` (virtual media, with `bootMediaUrl`); default `[workflows] boot_target`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_target: Option<String>,
+    /// ISO a reinstall inserts as virtual media when `bootTarget` is `cd`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_media_url: Option<String>,
 }
 
 /// What a group is keyed on: the machine's site or rack.

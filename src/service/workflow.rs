@@ -577,9 +577,24 @@ impl Workflows {
                     return Ok(());
                 }
                 let reference = m.id.to_string();
+                // The profile may ask for UEFI HTTP boot or virtual media instead.
+                let profile = match &m.profile {
+                    Some(p) => self.configs.sources().await?.profiles.get(p).cloned(),
+                    None => None,
+                };
+                let target = profile
+                    .as_ref()
+                    .and_then(|p| p.boot_target.as_deref())
+                    .and_then(|t| t.parse::<BootTarget>().ok())
+                    .unwrap_or(self.settings.boot_target);
+                let media = profile.and_then(|p| p.boot_media_url);
                 let result = async {
+                    if target == BootTarget::Cd {
+                        let url = media.clone().unwrap_or_default();
+                        self.bmc.media_insert(&reference, &url, "plinth").await?;
+                    }
                     self.bmc
-                        .boot_once(&reference, self.settings.boot_target, None, "plinth")
+                        .boot_once(&reference, target, None, "plinth")
                         .await?;
                     let state = self.bmc.power_state(&reference).await?;
                     let action = if state.power_state == "off" {

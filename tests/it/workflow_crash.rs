@@ -66,7 +66,10 @@ impl Rig {
     /// kill -9 and start again on the same database; the stage must not have moved back.
     fn crash(&self, srv: Server, id: &str, stage: &str) -> Server {
         let pid = srv.child.id();
-        self.logs.lock().expect("logs").push_str(&srv.log.lock().expect("log"));
+        self.logs
+            .lock()
+            .expect("logs")
+            .push_str(&srv.log.lock().expect("log"));
         drop(srv); // SIGKILL by PID, then reaped
         assert!(
             !Path::new(&format!("/proc/{pid}")).exists(),

@@ -404,3 +404,95 @@ both_backends!(
     reinstall_without_bmc_reaches_installed,
     control_planes_one_at_a_time
 );
+
+/// A reinstall through a real Redfish BMC (sushy-emulator): the profile asks for virtual media,
+/// so the power stage inserts the ISO, sets a one-time boot from the CD and powers the machine on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reinstall_through_redfish_follows_the_profiles_boot_target() {
+    use crate::support::bmc_peers as peers;
+    let emu = peers::sushy_emulator(peers::EmulatorSetup {
+        auth: Some(("admin".into(), "emu-Pa55-wf".into())),
+        tls: false,
+    });
+    // The ISO the emulator downloads on insert.
+    let iso = axum::Router::new().route(
+        "/talos.iso",
+        axum::routing::get(|| async { vec![0u8; 4096] }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let iso_url = format!("http://{}/talos.iso", l.local_addr().expect("addr"));
+    let iso_task = tokio::spawn(async move {
+        let _ = axum::serve(l, iso).await;
+    });
+
+    let extra = extra(1, 900);
+    let srv = TestServer::start_with(Backend::Sqlite, &extra).await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let dir = tmp.path().join("inv");
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    std::fs::write(
+        dir.join("all.yaml"),
+        format!(
+            "kind: Cluster\nname: lab\nendpoint: https://10.88.0.10:6443\ntalosVersion: v1.12.11\nsecrets: {}\n---\nkind: Profile\nname: vm\ninstallDisk:\n  type: ssd\nbootTarget: cd\nbootMediaUrl: {iso_url}\n",
+            secrets_file(tmp.path()).display()
+        ),
+    )
+    .expect("write");
+    apply_dir(&srv, &extra, &dir).await;
+    let (st, m) = post(
+        &srv,
+        "/api/v1/machines",
+        json!({"hostname": "bm-1", "role": "worker", "cluster": "lab", "profile": "vm",
+               "interfaces": [{"mac": "52:54:00:00:01:01", "boot": true}],
+               "disks": [{"serial": "D1", "type": "ssd"}],
+               "bmc": {"url": emu.peer.url(), "username": "admin", "password": "emu-Pa55-wf"}}),
+    )
+    .await;
+    assert_eq!(st, StatusCode::CREATED, "{m}");
+    let id = m["id"].as_str().expect("id").to_string();
+    state(&srv, &id, "ready", None).await;
+    let w = workflows(&srv, &extra).await;
+    let (st, started) = post(&srv, &format!("/api/v1/machines/{id}/reinstall"), json!({})).await;
+    assert_eq!(st, StatusCode::ACCEPTED, "{started}");
+    w.tick().await.expect("tick");
+    let r = get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await;
+    assert_eq!(r["stage"], "netboot", "{r}");
+
+    // What the BMC was told, in order, and what it now says.
+    let kinds: Vec<(String, Value)> = get(&srv, &format!("/api/v1/events?machine={id}&kind=bmc."))
+        .await
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap_or("").to_string(),
+                e["detail"].clone(),
+            )
+        })
+        .collect();
+    let order: Vec<&str> = kinds.iter().map(|(k, _)| k.as_str()).collect();
+    let media = order
+        .iter()
+        .position(|k| *k == "bmc.media.insert")
+        .unwrap_or_else(|| panic!("{kinds:?}"));
+    let boot = order
+        .iter()
+        .position(|k| *k == "bmc.boot_once")
+        .unwrap_or_else(|| panic!("{kinds:?}"));
+    let power = order
+        .iter()
+        .position(|k| *k == "bmc.power")
+        .unwrap_or_else(|| panic!("{kinds:?}"));
+    assert!(media < boot && boot < power, "{order:?}");
+    assert_eq!(kinds[boot].1["target"], "cd", "{kinds:?}");
+    let media_now = get(&srv, &format!("/api/v1/machines/{id}/media")).await;
+    assert_eq!(media_now["media"]["image"], iso_url.as_str(), "{media_now}");
+    assert_eq!(media_now["media"]["inserted"], true);
+    let power_now = get(&srv, &format!("/api/v1/machines/{id}/power")).await;
+    assert_eq!(power_now["power_state"], "on", "{power_now}");
+    iso_task.abort();
+    srv.finish().await;
+}
