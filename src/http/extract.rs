@@ -144,3 +144,21 @@ pub fn if_match(parts: &axum::http::HeaderMap) -> Result<Option<i64>, ApiError> 
         )
     })
 }
+
+/// Query parameters: a malformed query string is a 400 naming `query` and what is wrong.
+pub struct QueryParams<T>(pub T);
+
+impl<T, S> FromRequestParts<S> for QueryParams<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(v)) => Ok(QueryParams(v)),
+            Err(e) => Err(ApiError::bad_field("query", e.body_text())),
+        }
+    }
+}

@@ -1,14 +1,14 @@
 //! `/api/v1/machines`: register, show, edit (`If-Match`), remove, list with filters and keyset
 //! pagination, look up by a unique value, bulk import; and `/api/v1/events`.
 
-use axum::extract::{Path, Query, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, ErrorEnvelope};
-use super::extract::{body_bytes, if_match, Caller, JsonBody};
+use super::extract::{body_bytes, if_match, Caller, JsonBody, QueryParams};
 use super::AppState;
 use crate::domain::import::{self, ImportFormat};
 use crate::domain::{LifecycleState, Machine, MachineId, MachineSpec, Role, UniqueKey};
@@ -195,10 +195,9 @@ pub struct ListParams {
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
-    params: Result<Query<ListParams>, axum::extract::rejection::QueryRejection>,
+    QueryParams(p): QueryParams<ListParams>,
 ) -> Result<Json<MachinePage>, ApiError> {
     caller.require(ApiRole::Viewer)?;
-    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let limit = p.limit.unwrap_or(100);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_field("limit", "must be between 1 and 1000"));
@@ -250,10 +249,9 @@ pub struct LookupParams {
 pub async fn lookup(
     State(s): State<AppState>,
     caller: Caller,
-    params: Result<Query<LookupParams>, axum::extract::rejection::QueryRejection>,
+    QueryParams(p): QueryParams<LookupParams>,
 ) -> Result<Response, ApiError> {
     caller.require(ApiRole::Viewer)?;
-    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let mut keys = Vec::new();
     if let Some(v) = p.mac {
         keys.push(UniqueKey::Mac(v.parse().map_err(
@@ -317,11 +315,10 @@ pub struct ImportResult {
 pub async fn import(
     State(s): State<AppState>,
     caller: Caller,
-    params: Result<Query<ImportParams>, axum::extract::rejection::QueryRejection>,
+    QueryParams(p): QueryParams<ImportParams>,
     req: Request,
 ) -> Result<Json<ImportResult>, ApiError> {
     caller.require(ApiRole::Operator)?;
-    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let ct = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -381,10 +378,9 @@ pub struct EventParams {
 pub async fn events(
     State(s): State<AppState>,
     caller: Caller,
-    params: Result<Query<EventParams>, axum::extract::rejection::QueryRejection>,
+    QueryParams(p): QueryParams<EventParams>,
 ) -> Result<Json<Vec<Event>>, ApiError> {
     caller.require(ApiRole::Viewer)?;
-    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let machine_id = match p.machine.as_deref() {
         Some(m) => Some(s.inventory.resolve(m).await?.id),
         None => None,

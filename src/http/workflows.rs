@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
@@ -15,7 +15,7 @@ use futures::Stream;
 use serde::Deserialize;
 
 use super::error::{ApiError, ErrorEnvelope};
-use super::extract::{Caller, JsonBody};
+use super::extract::{Caller, JsonBody, QueryParams};
 use super::AppState;
 use crate::service::workflow::{Reinstall, Started};
 use crate::service::{ApiRole, EventFilter};
@@ -89,10 +89,9 @@ pub async fn stream(
     State(s): State<AppState>,
     caller: Caller,
     headers: HeaderMap,
-    params: Result<Query<StreamParams>, axum::extract::rejection::QueryRejection>,
+    QueryParams(p): QueryParams<StreamParams>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
     caller.require(ApiRole::Viewer)?;
-    let Query(p) = params.map_err(|e| ApiError::bad_field("query", e.body_text()))?;
     let machine_id = match p.machine.as_deref() {
         Some(m) => Some(s.inventory.resolve(m).await?.id),
         None => None,
