@@ -162,6 +162,18 @@ fn default_workers_per_rack() -> u32 {
     1
 }
 
+impl ReinstallPolicy {
+    /// How long after the last failure automatic attempt `attempt` (1-based) may start:
+    /// `backoffSeconds` before the first, doubled for each further one, at most a century (in
+    /// range of any date arithmetic: it means "not in this machine's lifetime").
+    pub fn backoff_before(&self, attempt: u32) -> Duration {
+        const CENTURY: i64 = 100 * 366 * 24 * 3600;
+        let factor = 1u64 << attempt.saturating_sub(1).min(16);
+        let secs = self.backoff_seconds.saturating_mul(factor);
+        Duration::seconds(i64::try_from(secs).unwrap_or(CENTURY).min(CENTURY))
+    }
+}
+
 impl Default for ReinstallPolicy {
     fn default() -> Self {
         ReinstallPolicy {
@@ -740,10 +752,7 @@ impl Workflows {
             if attempts >= policy.max_attempts {
                 continue;
             }
-            let backoff = policy
-                .backoff_seconds
-                .saturating_mul(1u64 << attempts.saturating_sub(1).min(16));
-            if now < since + Duration::seconds(i64::try_from(backoff).unwrap_or(i64::MAX / 2)) {
+            if now < since + policy.backoff_before(attempts + 1) {
                 continue;
             }
             match self
@@ -760,5 +769,27 @@ impl Workflows {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_the_first_automatic_attempt() {
+        let p = ReinstallPolicy {
+            auto: true,
+            max_attempts: 5,
+            backoff_seconds: 10,
+            max_workers_per_rack: 1,
+        };
+        let secs: Vec<i64> = (1..=4).map(|a| p.backoff_before(a).num_seconds()).collect();
+        assert_eq!(secs, [10, 20, 40, 80]);
+        let huge = ReinstallPolicy {
+            backoff_seconds: u64::MAX,
+            ..p
+        };
+        assert_eq!(huge.backoff_before(40), Duration::days(100 * 366));
     }
 }

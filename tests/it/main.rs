@@ -16,6 +16,7 @@ mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
 mod images_pull;
+mod reinstall_e2e;
 mod talos_cli;
 mod talos_configs;
 mod talos_patch;

@@ -6,7 +6,9 @@ pub mod bmc_peers;
 pub mod lan;
 pub mod netns;
 pub mod peers;
+pub mod qemu_bmc;
 pub mod vm_image;
+pub mod vm_lab;
 
 use std::path::PathBuf;
 

@@ -3,6 +3,11 @@
 //! does what Talos does with `talos.config=` and nothing more: bring the NIC up over DHCP, take
 //! the URL from the kernel command line, substitute `${uuid}` with the SMBIOS UUID, fetch the
 //! config, then POST the body and its SHA-256 to the test's report URL and power off.
+//!
+//! `plinth.standin=` on the kernel command line (a cluster's `kernelArgs`) changes the ending:
+//! `listen` reports, then starts a TCP listener on 50000 (a stand-in for the Talos API, apid)
+//! and stays up; `no-config` reports `status=skipped` instead of fetching the config and stays
+//! up (a node that never gets its config). Without it: report and power off.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -209,6 +214,7 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 say() { echo "plinth-vm: $*"; }
 off() { say "$*; powering off"; sync; poweroff -f; sleep 30; }
+idle() { say "$*; staying up"; while :; do sleep 3600; done; }
 # report STATUS FILE: POST the file with its SHA-256 and length to the test's listener.
 report() {
     sum=$(sha256sum "$2" | cut -d' ' -f1)
@@ -227,6 +233,7 @@ until [ -e /sys/class/net/eth0 ]; do
     sleep 1
 done
 udhcpc -i eth0 -s /udhcpc.sh -f -q -n -t 10 -T 2 || off "no DHCP lease"
+mode=$(sed -n 's/.*plinth\.standin=\([^ ]*\).*/\1/p' /proc/cmdline)
 url=$(sed -n 's/.*talos\.config=\([^ ]*\).*/\1/p' /proc/cmdline)
 [ -n "$url" ] || off "no talos.config= on the kernel command line"
 uuid=$(cat /sys/class/dmi/id/product_uuid)
@@ -235,6 +242,11 @@ case "$url" in
     *'${uuid}'*) by=init; url=$(echo "$url" | sed 's/[$][{]uuid[}]/'"$uuid"'/g') ;;
     *) by=ipxe ;;
 esac
+if [ "$mode" = no-config ]; then
+    echo "plinth.standin=no-config" > /skipped
+    report skipped /skipped
+    idle "not fetching the machine config (plinth.standin=no-config)"
+fi
 say "fetching the machine config (uuid $uuid, substituted by $by)"
 n=0
 until wget -q -O /config.yaml "$url" 2>/wget.err; do
@@ -243,6 +255,11 @@ until wget -q -O /config.yaml "$url" 2>/wget.err; do
     sleep 2
 done
 report ok /config.yaml && say "config fetched ($(wc -c < /config.yaml) bytes) and reported"
+if [ "$mode" = listen ]; then
+    mkdir -p /www && echo "Talos API stand-in" > /www/index.html
+    httpd -p 50000 -h /www || off "no listener on 50000"
+    idle "listening on 50000 as the Talos API would"
+fi
 off "done"
 "#;
 
@@ -310,6 +327,64 @@ pub fn build(dir: &Path, report_url: &str) -> TalosStandIn {
         initramfs,
         kernel_release: release,
     }
+}
+
+/// What the local disk prints on the serial console when the VM boots it.
+pub const LOCAL_DISK_BANNER: &str = "plinth-vm: booted from the local disk";
+
+/// The VM's "local disk": a raw 1 MiB image whose MBR boot sector writes
+/// [`LOCAL_DISK_BANNER`] to COM1 and halts, so a VM that boots its disk says so on the console
+/// and never reaches the network.
+pub fn local_disk(dir: &Path) -> PathBuf {
+    // Real mode at 0x7c00: cli; cld; xor ax,ax; mov ds,ax; mov si,msg; mov dx,0x3f8;
+    // next: lodsb; test al,al; jz halt; out dx,al; jmp next; halt: hlt; jmp halt; msg: ...
+    const CODE_LEN: u16 = 0x17;
+    let msg_addr = (0x7c00 + CODE_LEN).to_le_bytes();
+    let mut sector: Vec<u8> = vec![
+        0xFA,
+        0xFC,
+        0x31,
+        0xC0,
+        0x8E,
+        0xD8,
+        0xBE,
+        msg_addr[0],
+        msg_addr[1],
+        0xBA,
+        0xF8,
+        0x03,
+        0xAC,
+        0x84,
+        0xC0,
+        0x74,
+        0x03,
+        0xEE,
+        0xEB,
+        0xF8,
+        0xF4,
+        0xEB,
+        0xFD,
+    ];
+    assert_eq!(sector.len(), usize::from(CODE_LEN));
+    sector.extend_from_slice(format!("\r\n{LOCAL_DISK_BANNER}\r\n\0").as_bytes());
+    assert!(sector.len() <= 510);
+    sector.resize(510, 0);
+    sector.extend_from_slice(&[0x55, 0xAA]);
+    sector.resize(1 << 20, 0);
+    let path = dir.join("local-disk.img");
+    std::fs::write(&path, sector).expect("disk image");
+    path
+}
+
+#[test]
+fn local_disk_has_a_boot_signature() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let img = std::fs::read(local_disk(dir.path())).expect("read");
+    assert_eq!(img.len(), 1 << 20);
+    assert_eq!(&img[510..512], &[0x55, 0xAA]);
+    assert!(img[..510]
+        .windows(LOCAL_DISK_BANNER.len())
+        .any(|w| w == LOCAL_DISK_BANNER.as_bytes()));
 }
 
 #[test]
