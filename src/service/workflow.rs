@@ -600,27 +600,44 @@ impl Workflows {
                     .and_then(|t| t.parse::<BootTarget>().ok())
                     .unwrap_or(self.settings.boot_target);
                 let media = profile.and_then(|p| p.boot_media_url);
-                let result = async {
-                    if target == BootTarget::Cd {
-                        let url = media.clone().unwrap_or_default();
-                        self.bmc.media_insert(&reference, &url, "plinth").await?;
+                // The BMC may take minutes (power transitions are waited for): off the tick, so
+                // one slow BMC never holds up the other reinstalls or the scheduler.
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let result = async {
+                        if target == BootTarget::Cd {
+                            let url = media.clone().unwrap_or_default();
+                            this.bmc.media_insert(&reference, &url, "plinth").await?;
+                        }
+                        this.bmc
+                            .boot_once(&reference, target, None, "plinth")
+                            .await?;
+                        let state = this.bmc.power_state(&reference).await?;
+                        let action = if state.power_state == "off" {
+                            PowerAction::On
+                        } else {
+                            PowerAction::Cycle
+                        };
+                        this.bmc.power(&reference, action, "plinth").await
                     }
-                    self.bmc
-                        .boot_once(&reference, target, None, "plinth")
-                        .await?;
-                    let state = self.bmc.power_state(&reference).await?;
-                    let action = if state.power_state == "off" {
-                        PowerAction::On
-                    } else {
-                        PowerAction::Cycle
-                    };
-                    self.bmc.power(&reference, action, "plinth").await
-                }
-                .await;
-                if let Err(e) = result {
-                    self.fail(&next, format!("stage power: the BMC failed: {e}"))
-                        .await?;
-                }
+                    .await;
+                    if let Err(e) = result {
+                        // Only if the reinstall is still where this power-cycle left it.
+                        let current = this.store().reinstall(next.machine_id).await;
+                        if let Ok(Some(cur)) = current {
+                            if cur.stage == next.stage
+                                && cur.stage_started_at == next.stage_started_at
+                            {
+                                if let Err(e2) = this
+                                    .fail(&cur, format!("stage power: the BMC failed: {e}"))
+                                    .await
+                                {
+                                    tracing::warn!(machine = %cur.machine_id, error = %e2, "reinstall: could not record the BMC failure");
+                                }
+                            }
+                        }
+                    }
+                });
             }
             Stage::Netboot => {
                 let scripts = self.seen(&r, "boot.script").await?;

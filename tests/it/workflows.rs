@@ -460,19 +460,27 @@ async fn reinstall_through_redfish_follows_the_profiles_boot_target() {
     let r = get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await;
     assert_eq!(r["stage"], "netboot", "{r}");
 
-    // What the BMC was told, in order, and what it now says.
-    let kinds: Vec<(String, Value)> = get(&srv, &format!("/api/v1/events?machine={id}&kind=bmc."))
-        .await
-        .as_array()
-        .expect("events")
-        .iter()
-        .map(|e| {
-            (
-                e["kind"].as_str().unwrap_or("").to_string(),
-                e["detail"].clone(),
-            )
-        })
-        .collect();
+    // What the BMC was told, in order, and what it now says. The BMC calls run off the tick;
+    // wait (bounded) for the power-on to be recorded.
+    let mut kinds: Vec<(String, Value)> = Vec::new();
+    for _ in 0..120 {
+        kinds = get(&srv, &format!("/api/v1/events?machine={id}&kind=bmc."))
+            .await
+            .as_array()
+            .expect("events")
+            .iter()
+            .map(|e| {
+                (
+                    e["kind"].as_str().unwrap_or("").to_string(),
+                    e["detail"].clone(),
+                )
+            })
+            .collect();
+        if kinds.iter().any(|(k, _)| k == "bmc.power") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let order: Vec<&str> = kinds.iter().map(|(k, _)| k.as_str()).collect();
     let media = order
         .iter()
