@@ -15,7 +15,7 @@ pub mod store;
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};
 pub use bmc::{BmcCapabilityStore, BmcConnector, BmcService, CapabilityRecord};
 pub use inventory::{ImportRow, Inventory, RowError};
-pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
+pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
 pub use store::*;
 
