@@ -573,6 +573,18 @@ impl DhcpService {
             self.with_hint(subnet, |h| h.drop_offer(req.mac));
             return Ok(self.nak(subnet, "address is reserved for another machine"));
         }
+        // An address this instance is offering to another client is not taken from under it. On
+        // a shared store that offer is a row and the claim below refuses it; on an unshared one
+        // it lives only here.
+        let now = now_ms();
+        if !self.store.is_shared()
+            && self
+                .with_hint(subnet, |h| h.offered_to_other(ip, req.mac, now))
+                .unwrap_or(false)
+        {
+            self.with_hint(subnet, |h| h.drop_offer(req.mac));
+            return Ok(self.nak(subnet, "address is offered to another client"));
+        }
         // The database decides, whatever this instance offered: an address another MAC holds is
         // refused by the conditional upsert, a free one is bound.
         let ms = i64::from(subnet.lease_seconds) * 1000;

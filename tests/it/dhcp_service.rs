@@ -156,6 +156,14 @@ async fn rfc2131_request_rules(b: Backend) {
             .await
             .expect("discover"),
     );
+    // Another client asking for the address on offer to 03 (INIT-REBOOT, no server id): NAK,
+    // whether the offer is a row (shared PostgreSQL) or held in memory (SQLite).
+    let mut other = req(RequestKind::Request, "52:54:00:20:00:05");
+    other.requested_ip = Some(offer.yiaddr);
+    assert_eq!(
+        reply(svc.handle(&other).await.expect("request")).kind,
+        ReplyKind::Nak
+    );
     let mut r = req(RequestKind::Request, "52:54:00:20:00:03");
     r.requested_ip = Some("10.20.0.200".parse().expect("ip"));
     r.server_id = Some("10.20.0.254".parse().expect("ip"));
