@@ -1,6 +1,14 @@
 //! DHCP decisions (RFC 2131 section 4.3): given a decoded request, decide the answer, with leases
 //! made durable before the answer exists. The whole decision is one `match` on (subnet mode,
 //! message kind) in `DhcpService::handle`; the wire format lives in `crate::dhcp`.
+//!
+//! What is durable: every ACK's lease (committed before the ACK exists), every release and decline.
+//! Offers are held in memory (RFC 2131 section 4.3.1 lets a server keep an offered address for the
+//! client without recording it; a REQUEST reconfirms the address in the database, which then
+//! decides), and when the lease table is shared by several instances (PostgreSQL) they are also
+//! written to it, through the same group commit, so that no two instances offer one address. A
+//! client's scan of the pool starts at a hash of its MAC (as dnsmasq does): concurrent clients, and
+//! instances, rarely reach for the same address, and a returning client tends to get its old one.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -116,13 +124,118 @@ impl Default for LeaseTiming {
     }
 }
 
-/// In-memory view of which pool addresses are taken, per subnet. Only a hint: the database's
-/// conditional upsert decides, and a refused claim refreshes the hint.
+/// Why an address is taken in the hint.
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    /// Until when, Unix ms.
+    until: i64,
+    /// Offered (pending) to this MAC; `None` for a lease learnt from the database.
+    offer_to: Option<MacAddr>,
+}
+
+/// In-memory view of a subnet's pool: which addresses are taken and the pending offers. Only a
+/// hint for leases (the database's conditional upsert decides, and a refused claim refreshes it);
+/// the only record of offers on an unshared store.
 #[derive(Default)]
 struct PoolHint {
-    busy: HashMap<Ipv4Addr, i64>,
-    cursor: usize,
+    busy: HashMap<Ipv4Addr, Hold>,
+    /// Pending offers by client.
+    offers: HashMap<MacAddr, Ipv4Addr>,
+    /// Prune expired offers when `offers` grows past this.
+    prune_at: usize,
     loaded: bool,
+}
+
+impl PoolHint {
+    fn taken(&self, ip: Ipv4Addr, now: i64) -> bool {
+        self.busy.get(&ip).is_some_and(|h| h.until >= now)
+    }
+
+    /// Pending (unexpired) offer of `ip` to a MAC other than `mac`?
+    fn offered_to_other(&self, ip: Ipv4Addr, mac: MacAddr, now: i64) -> bool {
+        self.busy
+            .get(&ip)
+            .is_some_and(|h| h.until >= now && h.offer_to.is_some_and(|m| m != mac))
+    }
+
+    /// Forget `mac`'s pending offer; the address it held.
+    fn drop_offer(&mut self, mac: MacAddr) -> Option<Ipv4Addr> {
+        let ip = self.offers.remove(&mac)?;
+        if self.busy.get(&ip).is_some_and(|h| h.offer_to == Some(mac)) {
+            self.busy.remove(&ip);
+        }
+        Some(ip)
+    }
+
+    /// `next_free` picked `ip` for `mac`: hold it briefly, as `mac`'s pending offer, so that a
+    /// concurrent DISCOVER of another client picks another address and a duplicate DISCOVER of
+    /// the same client (a retransmission racing the first) is offered the same one.
+    fn record_pick(&mut self, mac: MacAddr, ip: Ipv4Addr, until: i64) {
+        if self.offers.get(&mac).is_some_and(|old| *old != ip) {
+            self.drop_offer(mac);
+        }
+        self.offers.insert(mac, ip);
+        self.busy.insert(
+            ip,
+            Hold {
+                until,
+                offer_to: Some(mac),
+            },
+        );
+    }
+
+    /// Undo `record_pick` when `ip` was not offered to `mac` after all.
+    fn release_pick(&mut self, ip: Ipv4Addr, mac: MacAddr) {
+        if self.offers.get(&mac) == Some(&ip) {
+            self.drop_offer(mac);
+        } else if self.busy.get(&ip).is_some_and(|h| h.offer_to == Some(mac)) {
+            self.busy.remove(&ip);
+        }
+    }
+
+    fn record_offer(&mut self, mac: MacAddr, ip: Ipv4Addr, until: i64, now: i64) {
+        if self.offers.get(&mac).is_some_and(|old| *old != ip) {
+            self.drop_offer(mac);
+        }
+        self.offers.insert(mac, ip);
+        let h = self.busy.entry(ip).or_insert(Hold {
+            until,
+            offer_to: Some(mac),
+        });
+        // An address this MAC holds longer (its bound lease) keeps its longer hold.
+        if h.until < until || h.offer_to.is_some() {
+            *h = Hold {
+                until: h.until.max(until),
+                offer_to: Some(mac),
+            };
+        }
+        if self.offers.len() > self.prune_at {
+            let busy = &self.busy;
+            self.offers.retain(|m, ip| {
+                busy.get(ip)
+                    .is_some_and(|h| h.until >= now && h.offer_to == Some(*m))
+            });
+            self.prune_at = (self.offers.len() * 2).max(1024);
+        }
+    }
+}
+
+/// Where a MAC's scan of a pool of `size` addresses starts: a 64-bit mix (SplitMix64's finaliser)
+/// of the MAC, so neighbouring MACs land far apart.
+fn scan_start(mac: MacAddr, size: usize) -> usize {
+    let o = mac.octets();
+    let mut x = u64::from_be_bytes([0, 0, o[0], o[1], o[2], o[3], o[4], o[5]]);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x % size.max(1) as u64) as usize
+}
+
+/// May `mac` claim the address of lease `l` at `now`? The same rule as the claim's upsert.
+fn reusable(l: &Lease, mac: MacAddr, now: i64) -> bool {
+    (l.mac == mac && l.state != LeaseState::Declined)
+        || l.expires_ms < now
+        || matches!(l.state, LeaseState::Released | LeaseState::Expired)
 }
 
 /// DHCP use cases.
@@ -132,7 +245,13 @@ pub struct DhcpService {
     boot: BootFiles,
     timing: LeaseTiming,
     pools: Mutex<HashMap<String, PoolHint>>,
+    /// One decision at a time per client (striped by MAC): a retransmitted DISCOVER waits for the
+    /// first and is offered the same address, instead of racing it to a second one.
+    clients: Vec<tokio::sync::Mutex<()>>,
 }
+
+/// Stripes of `DhcpService::clients`.
+const CLIENT_STRIPES: usize = 256;
 
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
@@ -159,6 +278,9 @@ impl DhcpService {
             boot,
             timing,
             pools: Mutex::new(HashMap::new()),
+            clients: (0..CLIENT_STRIPES)
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
         }
     }
 
@@ -172,6 +294,10 @@ impl DhcpService {
         let Some(subnet) = select_subnet(&self.subnets, req.giaddr, req.ciaddr, &req.local_ips)
         else {
             return Ok(Outcome::Silent("no_subnet"));
+        };
+        let _client = match self.clients.get(scan_start(req.mac, CLIENT_STRIPES)) {
+            Some(stripe) => Some(stripe.lock().await),
+            None => None,
         };
         use RequestKind::*;
         use SubnetMode::*;
@@ -260,37 +386,38 @@ impl DhcpService {
         }
     }
 
-    /// The address a MAC should get in a subnet if it can: its reservation, else its current lease.
-    async fn preferred(
-        &self,
-        req: &DhcpRequest,
-        subnet: &Subnet,
-    ) -> Result<Option<Ipv4Addr>, StoreError> {
-        if let Some(r) = self.store.reservation(req.mac).await? {
-            if let Some(ip) = r.ipv4.filter(|ip| subnet.is_host(*ip)) {
-                return Ok(Some(ip));
-            }
-        }
-        Ok(self
-            .store
-            .lease_by_mac(&subnet.key(), req.mac)
-            .await?
-            .map(|l| l.ip)
-            .filter(|ip| subnet.in_pool(*ip)))
-    }
-
-    /// Claim `ip` as offered to the client; the OFFER when the database agreed.
-    async fn claim_offer(
+    /// Hold `ip` for the client's offer; the OFFER when it could. In memory, and in the database
+    /// too when other instances share it (the conditional upsert then refuses an address another
+    /// instance holds). `check` reads the address's lease first on an unshared store (for
+    /// addresses not from this service's own pool hint).
+    async fn hold_offer(
         &self,
         req: &DhcpRequest,
         subnet: &Subnet,
         ip: Ipv4Addr,
+        check: bool,
     ) -> Result<Option<Outcome>, StoreError> {
-        let claim = self.lease(req, subnet, ip, LeaseState::Offered, self.timing.offer_ms);
-        if !self.store.claim_lease(&claim).await? {
+        let now = now_ms();
+        if self
+            .with_hint(subnet, |h| h.offered_to_other(ip, req.mac, now))
+            .unwrap_or(false)
+        {
             return Ok(None);
         }
-        self.mark(subnet, ip, now_ms() + self.timing.offer_ms);
+        if self.store.is_shared() {
+            let claim = self.lease(req, subnet, ip, LeaseState::Offered, self.timing.offer_ms);
+            if !self.store.claim_lease(&claim).await? {
+                return Ok(None);
+            }
+        } else if check {
+            if let Some(l) = self.store.lease_by_ip(ip).await? {
+                if !reusable(&l, req.mac, now) {
+                    return Ok(None);
+                }
+            }
+        }
+        let until = now_ms() + self.timing.offer_ms;
+        self.with_hint(subnet, |h| h.record_offer(req.mac, ip, until, now));
         Ok(Some(Outcome::Reply(self.reply(
             req,
             subnet,
@@ -301,32 +428,81 @@ impl DhcpService {
     }
 
     async fn offer(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
-        // Its reservation or current lease first, then the address it asks for (option 50); an
-        // address reserved for another machine is never offered, asked for or not.
-        let mut candidates: Vec<Ipv4Addr> = Vec::new();
-        if let Some(ip) = self.preferred(req, subnet).await? {
-            candidates.push(ip);
+        let in_pool = |ip: &Ipv4Addr| subnet.in_pool(*ip);
+        let pending = self
+            .with_hint(subnet, |h| h.offers.get(&req.mac).copied())
+            .flatten()
+            .filter(in_pool);
+        // A fresh client's address is picked from the hint before the lookup, so that the one
+        // query of this DISCOVER also checks it against the inventory's reservations.
+        let scanned = match pending {
+            Some(_) => None,
+            None => self.next_free(subnet, req.mac).await?,
+        };
+        let asked = req.requested_ip.filter(in_pool);
+        let looked_up = [pending.or(scanned), asked];
+        let facts = self
+            .store
+            .client_facts(&subnet.key(), req.mac, looked_up)
+            .await?;
+        // Its reservation or current lease first, then its pending offer, then the address it asks
+        // for (option 50), then the pool; an address reserved for another machine is never
+        // offered, asked for or not. `true`: read the address's lease before offering it.
+        let mut candidates: Vec<(Ipv4Addr, bool)> = Vec::new();
+        let reserved = facts.reserved_ip.filter(|ip| subnet.is_host(*ip));
+        if let Some(ip) = reserved {
+            candidates.push((ip, true));
+        } else if let Some(ip) = facts.lease.as_ref().map(|l| l.ip).filter(in_pool) {
+            candidates.push((ip, false));
         }
-        if let Some(ip) = req.requested_ip.filter(|ip| subnet.in_pool(*ip)) {
-            candidates.push(ip);
-        }
-        for ip in candidates {
-            if self.store.reserved_for_other(ip, req.mac).await? {
+        candidates.extend(pending.map(|ip| (ip, false)));
+        candidates.extend(asked.map(|ip| (ip, true)));
+        candidates.extend(scanned.map(|ip| (ip, false)));
+        let mut tried: Vec<Ipv4Addr> = Vec::new();
+        let mut outcome = None;
+        for (ip, check) in candidates {
+            if tried.contains(&ip) {
                 continue;
             }
-            if let Some(offer) = self.claim_offer(req, subnet, ip).await? {
-                return Ok(offer);
+            tried.push(ip);
+            // Inventory addresses are unique: the MAC's own reservation is nobody else's.
+            let for_other = if Some(ip) == reserved {
+                false
+            } else if looked_up.contains(&Some(ip)) {
+                facts.reserved_for_other.contains(&ip)
+            } else {
+                self.store.reserved_for_other(ip, req.mac).await?
+            };
+            if for_other {
+                if Some(ip) == scanned {
+                    self.mark(subnet, ip, i64::MAX);
+                }
+                continue;
             }
+            if let Some(offer) = self.hold_offer(req, subnet, ip, check).await? {
+                outcome = Some((ip, offer));
+                break;
+            }
+            if Some(ip) == scanned {
+                self.learn(subnet, ip).await?;
+            }
+        }
+        if let Some(ip) = scanned.filter(|s| outcome.as_ref().is_none_or(|(ip, _)| ip != s)) {
+            // Picked but not offered: let the next client have it.
+            self.with_hint(subnet, |h| h.release_pick(ip, req.mac));
+        }
+        if let Some((_, offer)) = outcome {
+            return Ok(offer);
         }
         let mut reloaded = false;
         for _ in 0..MAX_TRIES {
-            let ip = match self.next_free(subnet).await? {
+            let ip = match self.next_free(subnet, req.mac).await? {
                 Some(ip) => ip,
                 // The hint may be stale (a release, another instance): ask the database once.
                 None if !reloaded => {
                     reloaded = true;
                     self.reload(subnet).await?;
-                    match self.next_free(subnet).await? {
+                    match self.next_free(subnet, req.mac).await? {
                         Some(ip) => ip,
                         None => return Ok(Outcome::Silent("pool_exhausted")),
                     }
@@ -337,24 +513,31 @@ impl DhcpService {
                 self.mark(subnet, ip, i64::MAX);
                 continue;
             }
-            if let Some(offer) = self.claim_offer(req, subnet, ip).await? {
+            if let Some(offer) = self.hold_offer(req, subnet, ip, false).await? {
                 return Ok(offer);
             }
-            // Someone else (another instance) holds it: learn when it frees up.
-            let until = self
-                .store
-                .lease_by_ip(ip)
-                .await?
-                .map_or(now_ms() + self.timing.offer_ms, |l| l.expires_ms);
-            self.mark(subnet, ip, until);
+            self.learn(subnet, ip).await?;
         }
         Ok(Outcome::Silent("pool_contended"))
+    }
+
+    /// Someone else (another instance, another client) holds `ip`: learn from the database when
+    /// it frees up.
+    async fn learn(&self, subnet: &Subnet, ip: Ipv4Addr) -> Result<(), StoreError> {
+        let until = self
+            .store
+            .lease_by_ip(ip)
+            .await?
+            .map_or(now_ms() + self.timing.offer_ms, |l| l.expires_ms);
+        self.mark(subnet, ip, until);
+        Ok(())
     }
 
     async fn request(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
         if let Some(sid) = req.server_id {
             if sid != subnet.server_ip {
                 // SELECTING another server's offer: free ours (RFC 2131 section 4.3.2).
+                self.with_hint(subnet, |h| h.drop_offer(req.mac));
                 if let Some(l) = self.store.lease_by_mac(&subnet.key(), req.mac).await? {
                     if l.state == LeaseState::Offered {
                         self.store
@@ -374,27 +557,44 @@ impl DhcpService {
         if !subnet.is_host(ip) {
             return Ok(self.nak(subnet, "address is not on this network"));
         }
-        let reservation = self.store.reservation(req.mac).await?;
-        if let Some(rip) = reservation
-            .as_ref()
-            .and_then(|r| r.ipv4)
-            .filter(|ip| subnet.is_host(*ip))
-        {
+        let facts = self
+            .store
+            .client_facts(&subnet.key(), req.mac, [Some(ip), None])
+            .await?;
+        if let Some(rip) = facts.reserved_ip.filter(|ip| subnet.is_host(*ip)) {
             if rip != ip {
+                self.with_hint(subnet, |h| h.drop_offer(req.mac));
                 return Ok(self.nak(subnet, "this machine has another reserved address"));
             }
         } else if !subnet.in_pool(ip) {
             return Ok(self.nak(subnet, "address is not in this server's pool"));
         }
-        if self.store.reserved_for_other(ip, req.mac).await? {
+        if facts.reserved_for_other.contains(&ip) {
+            self.with_hint(subnet, |h| h.drop_offer(req.mac));
             return Ok(self.nak(subnet, "address is reserved for another machine"));
         }
+        // An address this instance is offering to another client is not taken from under it. On
+        // a shared store that offer is a row and the claim below refuses it; on an unshared one
+        // it lives only here.
+        let now = now_ms();
+        if !self.store.is_shared()
+            && self
+                .with_hint(subnet, |h| h.offered_to_other(ip, req.mac, now))
+                .unwrap_or(false)
+        {
+            self.with_hint(subnet, |h| h.drop_offer(req.mac));
+            return Ok(self.nak(subnet, "address is offered to another client"));
+        }
+        // The database decides, whatever this instance offered: an address another MAC holds is
+        // refused by the conditional upsert, a free one is bound.
         let ms = i64::from(subnet.lease_seconds) * 1000;
-        if !self
+        let bound = self
             .store
             .claim_lease(&self.lease(req, subnet, ip, LeaseState::Bound, ms))
-            .await?
-        {
+            .await?;
+        self.with_hint(subnet, |h| h.drop_offer(req.mac));
+        if !bound {
+            self.learn(subnet, ip).await?;
             return Ok(self.nak(subnet, "address is in use"));
         }
         self.mark(subnet, ip, now_ms() + ms);
@@ -442,77 +642,88 @@ impl DhcpService {
         Outcome::Reply(self.reply(req, subnet, ReplyKind::Ack, Ipv4Addr::UNSPECIFIED, false))
     }
 
-    /// Replace a subnet's hint with what the database holds now.
+    /// Run `f` on a subnet's hint (None if the lock is poisoned).
+    fn with_hint<T>(&self, subnet: &Subnet, f: impl FnOnce(&mut PoolHint) -> T) -> Option<T> {
+        let mut pools = self.pools.lock().ok()?;
+        Some(f(pools.entry(subnet.key()).or_default()))
+    }
+
+    /// Replace a subnet's leases in the hint with what the database holds now; pending offers stay.
     async fn reload(&self, subnet: &Subnet) -> Result<(), StoreError> {
-        let key = subnet.key();
-        let busy = self.store.busy_ips(&key, now_ms()).await?;
-        let until = now_ms() + self.timing.offer_ms;
-        if let Ok(mut pools) = self.pools.lock() {
-            let h = pools.entry(key).or_default();
-            h.busy = busy.into_iter().map(|ip| (ip, until)).collect();
+        let busy = self.store.busy_ips(&subnet.key(), now_ms()).await?;
+        let now = now_ms();
+        let until = now + self.timing.offer_ms;
+        self.with_hint(subnet, |h| {
+            h.busy
+                .retain(|_, hold| hold.offer_to.is_some() && hold.until >= now);
+            for ip in busy {
+                h.busy.entry(ip).or_insert(Hold {
+                    until,
+                    offer_to: None,
+                });
+            }
             h.loaded = true;
-        }
+        });
         Ok(())
     }
 
+    /// Mark `ip` taken until `until` (0: free) in the hint, as a lease.
     fn mark(&self, subnet: &Subnet, ip: Ipv4Addr, until: i64) {
-        if let Ok(mut pools) = self.pools.lock() {
-            pools
-                .entry(subnet.key())
-                .or_default()
-                .busy
-                .insert(ip, until);
-        }
+        self.with_hint(subnet, |h| {
+            h.busy.insert(
+                ip,
+                Hold {
+                    until,
+                    offer_to: None,
+                },
+            )
+        });
     }
 
-    /// The next pool address the hint believes free; loads the hint from the database first.
-    async fn next_free(&self, subnet: &Subnet) -> Result<Option<Ipv4Addr>, StoreError> {
-        let key = subnet.key();
-        let loaded = self
-            .pools
-            .lock()
-            .map(|p| p.get(&key).is_some_and(|h| h.loaded))
-            .unwrap_or(false);
+    /// The next pool address the hint believes free, scanning from `mac`'s place in the pool;
+    /// loads the hint from the database first.
+    async fn next_free(
+        &self,
+        subnet: &Subnet,
+        mac: MacAddr,
+    ) -> Result<Option<Ipv4Addr>, StoreError> {
+        let loaded = self.with_hint(subnet, |h| h.loaded).unwrap_or(false);
         if !loaded {
-            let busy = self.store.busy_ips(&key, now_ms()).await?;
-            if let Ok(mut pools) = self.pools.lock() {
-                let h = pools.entry(key.clone()).or_default();
+            let busy = self.store.busy_ips(&subnet.key(), now_ms()).await?;
+            self.with_hint(subnet, |h| {
                 for ip in busy {
-                    h.busy.entry(ip).or_insert(i64::MAX / 2);
+                    h.busy.entry(ip).or_insert(Hold {
+                        until: i64::MAX / 2,
+                        offer_to: None,
+                    });
                 }
                 h.loaded = true;
-            }
+            });
         }
         let now = now_ms();
         let size: usize = subnet.pool.iter().map(|r| r.len() as usize).sum();
-        let Ok(mut pools) = self.pools.lock() else {
-            return Ok(None);
-        };
-        let h = pools.entry(key).or_default();
-        for step in 0..size {
-            let idx = (h.cursor + step) % size;
-            let mut rest = idx;
-            let mut found = None;
-            for r in &subnet.pool {
-                let len = r.len() as usize;
-                if rest < len {
-                    found = Some(Ipv4Addr::from(u32::from(r.first) + rest as u32));
-                    break;
+        let start = scan_start(mac, size);
+        let found = self.with_hint(subnet, |h| {
+            for step in 0..size {
+                let mut rest = (start + step) % size;
+                let mut found = None;
+                for r in &subnet.pool {
+                    let len = r.len() as usize;
+                    if rest < len {
+                        found = Some(Ipv4Addr::from(u32::from(r.first) + rest as u32));
+                        break;
+                    }
+                    rest -= len;
                 }
-                rest -= len;
+                let Some(ip) = found else { continue };
+                if ip == subnet.server_ip || !subnet.is_host(ip) || h.taken(ip, now) {
+                    continue;
+                }
+                h.record_pick(mac, ip, now + 2_000);
+                return Some(ip);
             }
-            let Some(ip) = found else { continue };
-            if ip == subnet.server_ip || !subnet.is_host(ip) {
-                continue;
-            }
-            if h.busy.get(&ip).is_some_and(|until| *until >= now) {
-                continue;
-            }
-            h.cursor = idx + 1;
-            // Hold it briefly so a concurrent DISCOVER picks another one.
-            h.busy.insert(ip, now + 2_000);
-            return Ok(Some(ip));
-        }
-        Ok(None)
+            None
+        });
+        Ok(found.flatten())
     }
 }

@@ -93,15 +93,32 @@ pub struct Reservation {
     pub ipv4: Option<Ipv4Addr>,
 }
 
+/// What one DHCP message needs to know about its client, read in one round trip.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClientFacts {
+    /// The address the inventory reserves for this MAC, if any.
+    pub reserved_ip: Option<Ipv4Addr>,
+    /// The MAC's newest offered or bound lease in the subnet (expired or not).
+    pub lease: Option<Lease>,
+    /// Which of the addresses asked about are reserved in the inventory for another MAC.
+    pub reserved_for_other: Vec<Ipv4Addr>,
+}
+
 /// Durable leases.
 #[async_trait]
 pub trait LeaseStore: Send + Sync + 'static {
     /// Claim `lease.ip` for `lease.mac`: succeeds (true) only when the address is free, expired,
-    /// released, or already held by this MAC (and not declined). On success the MAC's other live
-    /// leases in the subnet expire. An offer never downgrades the same MAC's live bound lease (a
-    /// late or repeated DISCOVER must not shorten an acknowledged lease). One transaction, durable
-    /// before it returns.
+    /// released, or already held by this MAC (and not declined). On success the MAC's other offers
+    /// in the subnet expire, and when the claim binds, its other bound leases too. An offer never
+    /// downgrades or ends the same MAC's bound lease (a late or repeated DISCOVER must not shorten
+    /// or end an acknowledged lease). Committed (durable)
+    /// before it returns; concurrent claims may share one transaction and one commit, with the
+    /// result each would have had alone in the order they were queued.
     async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError>;
+
+    /// May other instances allocate from this lease table (one PostgreSQL shared by several
+    /// Plinth processes)? Then offers are recorded in it so no two instances offer one address.
+    fn is_shared(&self) -> bool;
 
     /// The lease row of an address.
     async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError>;
@@ -109,7 +126,8 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The newest offered or bound lease of a MAC in a subnet (expired or not).
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError>;
 
-    /// Set the state (and expiry) of `ip` if it is held by `mac`; false when it is not.
+    /// Set the state (and expiry) of `ip` if it is held by `mac`; false when it is not. Committed
+    /// before it returns, like `claim_lease` (and through the same batches).
     async fn end_lease(
         &self,
         ip: Ipv4Addr,
@@ -130,4 +148,13 @@ pub trait LeaseStore: Send + Sync + 'static {
 
     /// Is `ip` reserved in the inventory for a MAC other than `mac`?
     async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError>;
+
+    /// `reservation`, `lease_by_mac` and `reserved_for_other` (for up to two addresses) in one
+    /// query: the DHCP hot path asks this once per message.
+    async fn client_facts(
+        &self,
+        subnet: &str,
+        mac: MacAddr,
+        ips: [Option<Ipv4Addr>; 2],
+    ) -> Result<ClientFacts, StoreError>;
 }

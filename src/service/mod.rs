@@ -24,7 +24,7 @@ pub use config::{
     Refusal, RenderedMachine, ServedConfig, Sources,
 };
 pub use inventory::{ImportRow, Inventory, RowError};
-pub use leases::{Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
+pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use secrets::SecretBox;
 pub use store::*;
 pub use workflow::{Reinstall, ReinstallPolicy, Stage, WorkflowSettings, Workflows};

@@ -4,6 +4,7 @@
 //!
 //! Must not import `http`, `bmc` or any front door.
 
+mod lease_writer;
 mod postgres;
 mod sql;
 mod sqlite;

@@ -1,5 +1,6 @@
 //! PostgreSQL store: one pool for reads and writes. Migrations take PostgreSQL's advisory lock, so
-//! several instances starting at once migrate once.
+//! several instances starting at once migrate once. DHCP lease writes go through the group-commit
+//! writer (`lease_writer`): many leases, one commit.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -7,6 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Pool;
 
+use super::lease_writer::LeaseWriter;
 use super::{backend, StoreOptions};
 use crate::service::StoreError;
 
@@ -15,6 +17,7 @@ use crate::service::StoreError;
 pub struct PgStore {
     write: Pool<sqlx::Postgres>,
     read: Pool<sqlx::Postgres>,
+    leases: LeaseWriter,
 }
 
 impl PgStore {
@@ -23,8 +26,13 @@ impl PgStore {
         let connect = PgConnectOptions::from_str(&opts.url)
             .map_err(backend)?
             .application_name("plinth");
+        // No ping before each use: sqlx already pings every connection as it goes back to the
+        // pool and drops a broken one there, and the ping before use doubled the round trips of
+        // every query (the DHCP path makes one or two per message). A connection that breaks while
+        // idle (a PostgreSQL restart) fails one query, which callers treat as a store error.
         let pool = PgPoolOptions::new()
             .max_connections(opts.max_connections.max(2))
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(connect)
             .await
@@ -36,10 +44,14 @@ impl PgStore {
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;
         }
         Ok(Self {
+            leases: LeaseWriter::spawn(generated::Batch(pool.clone())),
             write: pool.clone(),
             read: pool,
         })
     }
+
+    /// Several instances may allocate from one PostgreSQL lease table.
+    const SHARED: bool = true;
 }
 
 crate::store::sql::sql_store!(PgStore, sqlx::Postgres);

@@ -763,58 +763,172 @@ macro_rules! sql_store {
 
             const LEASE_COLS: &str = "ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, relay_remote_id, giaddr, updated_ms";
 
+            /// The conditional upsert of claims: a row is written only when its address is free,
+            /// expired, released, or already this MAC's (and not declined); `RETURNING` names the
+            /// addresses that were granted. An offer never downgrades the same MAC's live bound lease.
+            const CLAIM_INSERT: &str = "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, hostname, \
+                relay_circuit_id, relay_remote_id, giaddr, updated_ms) ";
+            const CLAIM_UPSERT: &str = " ON CONFLICT (ip) DO UPDATE SET subnet = excluded.subnet, mac = excluded.mac, \
+                state = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+                    AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+                    THEN dhcp_leases.state ELSE excluded.state END, \
+                expires_ms = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+                    AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+                    THEN dhcp_leases.expires_ms ELSE excluded.expires_ms END, \
+                hostname = excluded.hostname, \
+                relay_circuit_id = excluded.relay_circuit_id, relay_remote_id = excluded.relay_remote_id, \
+                giaddr = excluded.giaddr, updated_ms = excluded.updated_ms \
+                WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
+                   OR dhcp_leases.expires_ms < excluded.updated_ms \
+                   OR dhcp_leases.state IN ('released', 'expired') \
+                RETURNING ip";
+
+            fn ip_key(ip: std::net::Ipv4Addr) -> i64 {
+                i64::from(u32::from(ip))
+            }
+
+            /// Power-of-two pieces of `n` (at most `lease_writer::MAX_BATCH`), largest first: a
+            /// batch's statements come in a few shapes only, so they stay in the statement cache.
+            fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+                let mut at = 0;
+                std::iter::from_fn(move || {
+                    let left = n - at;
+                    if left == 0 {
+                        return None;
+                    }
+                    let size = 1 << (usize::BITS - 1 - left.leading_zeros());
+                    let size = size.min(crate::store::lease_writer::MAX_BATCH);
+                    at += size;
+                    Some(at - size..at)
+                })
+            }
+
+            /// Claims of distinct addresses by distinct (subnet, MAC)s inside the batch's
+            /// transaction: which were granted, in order. Rows go in ascending address order (one
+            /// lock order for every instance). Then each granted MAC's other leases in the subnet
+            /// expire, one statement for the run: its other offers always, its other bound leases
+            /// only when this claim binds (an offer, say to a late duplicate DISCOVER, never ends
+            /// an acknowledged lease). A claim of an address that an earlier claim of the same run
+            /// frees this way is refused, as if it came first: conservative, never a double grant.
+            async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, StoreError> {
+                let mut sorted: Vec<&Lease> = claims.to_vec();
+                sorted.sort_by_key(|l| l.ip);
+                let mut granted: std::collections::HashSet<i64> = std::collections::HashSet::new();
+                for range in chunks(sorted.len()) {
+                    let mut qb = QueryBuilder::<Db>::new(CLAIM_INSERT);
+                    qb.push_values(&sorted[range], |mut b, l| {
+                        b.push_bind(ip_key(l.ip))
+                            .push_bind(l.subnet.clone())
+                            .push_bind(l.mac.to_string())
+                            .push_bind(l.state.as_str())
+                            .push_bind(l.expires_ms)
+                            .push_bind(l.hostname.clone())
+                            .push_bind(l.relay_circuit_id.clone())
+                            .push_bind(l.relay_remote_id.clone())
+                            .push_bind(l.giaddr.clone())
+                            .push_bind(l.updated_ms);
+                    });
+                    qb.push(CLAIM_UPSERT);
+                    let rows: Vec<i64> = qb
+                        .build_query_scalar()
+                        .fetch_all(&mut **tx)
+                        .await
+                        .map_err(backend)?;
+                    granted.extend(rows);
+                }
+                let won: Vec<&Lease> = claims.iter().copied().filter(|l| granted.contains(&ip_key(l.ip))).collect();
+                let now = won.iter().map(|l| l.updated_ms).max().unwrap_or(0);
+                for range in chunks(won.len()) {
+                    let part = &won[range];
+                    // VALUES columns are column1.. in both dialects: subnet, mac, the address kept,
+                    // and 1 when the claim binds.
+                    let mut qb = QueryBuilder::<Db>::new("UPDATE dhcp_leases SET state = 'expired', updated_ms = ");
+                    qb.push_bind(now);
+                    qb.push(" FROM (VALUES ");
+                    let mut sep = qb.separated(", ");
+                    for l in part {
+                        sep.push("(").push_bind_unseparated(l.subnet.clone()).push_unseparated(", ");
+                        sep.push_bind_unseparated(l.mac.to_string()).push_unseparated(", ");
+                        sep.push_bind_unseparated(ip_key(l.ip)).push_unseparated(", ");
+                        sep.push_bind_unseparated(i64::from(l.state == LeaseState::Bound)).push_unseparated(")");
+                    }
+                    // `mac IN` too: it lets a planner without statistics (a new table) use the
+                    // (mac, subnet) index.
+                    qb.push(") AS k WHERE dhcp_leases.mac IN (");
+                    let mut sep = qb.separated(", ");
+                    for l in part {
+                        sep.push_bind(l.mac.to_string());
+                    }
+                    qb.push(
+                        ") AND dhcp_leases.subnet = k.column1 AND dhcp_leases.mac = k.column2 \
+                         AND dhcp_leases.ip <> k.column3 \
+                         AND (dhcp_leases.state = 'offered' OR (dhcp_leases.state = 'bound' AND k.column4 = 1))",
+                    );
+                    qb.build().execute(&mut **tx).await.map_err(backend)?;
+                }
+                Ok(claims.iter().map(|l| granted.contains(&ip_key(l.ip))).collect())
+            }
+
+            /// The lease writer's batches: every op in one transaction, in queue order, one commit.
+            /// Consecutive claims of distinct addresses by distinct MACs form a run written by a few
+            /// multi-row statements; an `End`, or a second claim of one address or by one MAC in
+            /// one subnet, starts the next run.
+            pub(super) struct Batch(pub(super) sqlx::Pool<Db>);
+
+            #[async_trait]
+            impl crate::store::lease_writer::LeaseBatch for Batch {
+                async fn apply(&self, ops: &[crate::store::lease_writer::LeaseOp]) -> Result<Vec<bool>, StoreError> {
+                    use crate::store::lease_writer::LeaseOp;
+                    let mut tx = self.0.begin().await.map_err(backend)?;
+                    let mut out = Vec::with_capacity(ops.len());
+                    let mut run: Vec<&Lease> = Vec::new();
+                    for (i, op) in ops.iter().enumerate() {
+                        match op {
+                            LeaseOp::Claim(c) => {
+                                let l = &c.lease;
+                                if run.iter().any(|r| r.ip == l.ip || (r.mac == l.mac && r.subnet == l.subnet)) {
+                                    out.extend(claim_run(&mut tx, &run).await?);
+                                    run.clear();
+                                }
+                                run.push(&c.lease);
+                            }
+                            LeaseOp::End { ip, mac, state, expires_ms, now_ms } => {
+                                if !run.is_empty() {
+                                    out.extend(claim_run(&mut tx, &run).await?);
+                                    run.clear();
+                                }
+                                let done = sqlx::query(
+                                    "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 WHERE ip = $4 AND mac = $5",
+                                )
+                                .bind(state.as_str())
+                                .bind(*expires_ms)
+                                .bind(*now_ms)
+                                .bind(ip_key(*ip))
+                                .bind(mac.to_string())
+                                .execute(&mut *tx)
+                                .await
+                                .map_err(backend)?;
+                                out.push(done.rows_affected() > 0);
+                            }
+                        }
+                        debug_assert!(out.len() + run.len() == i + 1);
+                    }
+                    if !run.is_empty() {
+                        out.extend(claim_run(&mut tx, &run).await?);
+                    }
+                    tx.commit().await.map_err(backend)?;
+                    Ok(out)
+                }
+            }
+
             #[async_trait]
             impl LeaseStore for $store {
                 async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
-                    let l = &claim.lease;
-                    let mut tx = self.write.begin().await.map_err(backend)?;
-                    let done = sqlx::query(
-                        "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, \
-                         relay_remote_id, giaddr, updated_ms) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-                         ON CONFLICT (ip) DO UPDATE SET subnet = excluded.subnet, mac = excluded.mac, \
-                         state = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
-                             AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
-                             THEN dhcp_leases.state ELSE excluded.state END, \
-                         expires_ms = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
-                             AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
-                             THEN dhcp_leases.expires_ms ELSE excluded.expires_ms END, \
-                         hostname = excluded.hostname, \
-                         relay_circuit_id = excluded.relay_circuit_id, relay_remote_id = excluded.relay_remote_id, \
-                         giaddr = excluded.giaddr, updated_ms = excluded.updated_ms \
-                         WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
-                            OR dhcp_leases.expires_ms < excluded.updated_ms \
-                            OR dhcp_leases.state IN ('released', 'expired')",
-                    )
-                    .bind(i64::from(u32::from(l.ip)))
-                    .bind(&l.subnet)
-                    .bind(l.mac.to_string())
-                    .bind(l.state.as_str())
-                    .bind(l.expires_ms)
-                    .bind(&l.hostname)
-                    .bind(&l.relay_circuit_id)
-                    .bind(&l.relay_remote_id)
-                    .bind(&l.giaddr)
-                    .bind(l.updated_ms)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                    if done.rows_affected() == 0 {
-                        tx.rollback().await.map_err(backend)?;
-                        return Ok(false);
-                    }
-                    sqlx::query(
-                        "UPDATE dhcp_leases SET state = 'expired', updated_ms = $1 \
-                         WHERE subnet = $2 AND mac = $3 AND ip <> $4 AND state IN ('offered', 'bound')",
-                    )
-                    .bind(l.updated_ms)
-                    .bind(&l.subnet)
-                    .bind(l.mac.to_string())
-                    .bind(i64::from(u32::from(l.ip)))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                    tx.commit().await.map_err(backend)?;
-                    Ok(true)
+                    self.leases.write(crate::store::lease_writer::LeaseOp::Claim(claim.clone())).await
+                }
+
+                fn is_shared(&self) -> bool {
+                    <$store>::SHARED
                 }
 
                 async fn lease_by_ip(&self, ip: std::net::Ipv4Addr) -> Result<Option<Lease>, StoreError> {
@@ -847,18 +961,9 @@ macro_rules! sql_store {
                     expires_ms: i64,
                     now_ms: i64,
                 ) -> Result<bool, StoreError> {
-                    let done = sqlx::query(
-                        "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 WHERE ip = $4 AND mac = $5",
-                    )
-                    .bind(state.as_str())
-                    .bind(expires_ms)
-                    .bind(now_ms)
-                    .bind(i64::from(u32::from(ip)))
-                    .bind(mac.to_string())
-                    .execute(&self.write)
-                    .await
-                    .map_err(backend)?;
-                    Ok(done.rows_affected() > 0)
+                    self.leases
+                        .write(crate::store::lease_writer::LeaseOp::End { ip, mac, state, expires_ms, now_ms })
+                        .await
                 }
 
                 async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<std::net::Ipv4Addr>, StoreError> {
@@ -905,6 +1010,45 @@ macro_rules! sql_store {
                         .await
                         .map_err(backend)?;
                     Ok(n > 0)
+                }
+
+                async fn client_facts(
+                    &self,
+                    subnet: &str,
+                    mac: MacAddr,
+                    ips: [Option<std::net::Ipv4Addr>; 2],
+                ) -> Result<ClientFacts, StoreError> {
+                    let row = sqlx::query(&format!(
+                        "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
+                         (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
+                         (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
+                         l.* FROM (SELECT 1 AS one) AS o LEFT JOIN \
+                         (SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
+                          AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1) AS l ON TRUE"
+                    ))
+                    .bind(mac.to_string())
+                    .bind(ips[0].map(|ip| ip.to_string()))
+                    .bind(ips[1].map(|ip| ip.to_string()))
+                    .bind(subnet)
+                    .fetch_one(&self.read)
+                    .await
+                    .map_err(backend)?;
+                    let reserved: Option<String> = row.try_get("reserved_ip").map_err(backend)?;
+                    let mut facts = ClientFacts {
+                        reserved_ip: reserved.and_then(|s| s.parse().ok()),
+                        ..Default::default()
+                    };
+                    for (ip, col) in ips.iter().zip(["first_reserved", "second_reserved"]) {
+                        let n: i64 = row.try_get(col).map_err(backend)?;
+                        if let (Some(ip), true) = (ip, n > 0) {
+                            facts.reserved_for_other.push(*ip);
+                        }
+                    }
+                    let lease_ip: Option<i64> = row.try_get("ip").map_err(backend)?;
+                    if lease_ip.is_some() {
+                        facts.lease = Some(lease_row(&row)?);
+                    }
+                    Ok(facts)
                 }
             }
 

@@ -1,6 +1,7 @@
 //! SQLite store: one writer connection (SQLite serialises writers anyway; one connection avoids
 //! SQLITE_BUSY on lock upgrades) and a pool of readers, WAL journal, `synchronous=FULL` so that a
-//! committed write survives a crash or power loss, foreign keys on.
+//! committed write survives a crash or power loss, foreign keys on. DHCP lease writes go through
+//! the group-commit writer (`lease_writer`) on the writer connection: many leases, one fsync.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Pool;
 
+use super::lease_writer::LeaseWriter;
 use super::{backend, StoreOptions};
 use crate::service::StoreError;
 
@@ -16,6 +18,7 @@ use crate::service::StoreError;
 pub struct SqliteStore {
     write: Pool<sqlx::Sqlite>,
     read: Pool<sqlx::Sqlite>,
+    leases: LeaseWriter,
 }
 
 impl SqliteStore {
@@ -28,8 +31,12 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
+        // No ping before each use: a SQLite connection is a file handle that cannot hang up, and
+        // the ping is a round trip to the connection's worker thread, as costly as the query
+        // (sqlx still pings once as a connection goes back to the pool).
         let write = SqlitePoolOptions::new()
             .max_connections(1)
+            .test_before_acquire(false)
             .connect_with(connect.clone())
             .await
             .map_err(backend)?;
@@ -41,11 +48,20 @@ impl SqliteStore {
         }
         let read = SqlitePoolOptions::new()
             .max_connections(opts.max_connections.max(1))
+            .test_before_acquire(false)
             .connect_with(connect.read_only(true))
             .await
             .map_err(backend)?;
-        Ok(Self { write, read })
+        let leases = LeaseWriter::spawn(generated::Batch(write.clone()));
+        Ok(Self {
+            write,
+            read,
+            leases,
+        })
     }
+
+    /// One process owns a SQLite file: no other instance allocates from its lease table.
+    const SHARED: bool = false;
 
     /// Apply pending migrations only.
     pub async fn migrate(url: &str) -> Result<(), StoreError> {
