@@ -184,6 +184,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let mut dhcp = Vec::new();
+    let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
     if let Some(d) = &config.dhcp {
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
@@ -203,7 +204,8 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         ));
         let m = crate::dhcp::DhcpMetrics::register(&metrics);
         let stop = shutdown.clone();
-        tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, stop).await });
+        let tl = Some(timeline.clone());
+        tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, tl, stop).await });
     }
     let secrets_for_configs = secrets.clone();
     let inventory = Inventory::new(store.clone(), secrets);
@@ -212,7 +214,6 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         store.clone(),
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
-    let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
     if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
         let opts = crate::tftp::TftpOptions {
             max_block_size: t.max_block_size,

@@ -128,6 +128,7 @@ pub async fn serve(
     sockets: Vec<DhcpSocket>,
     service: Arc<DhcpService>,
     metrics: DhcpMetrics,
+    timeline: Option<crate::service::timeline::Timeline>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let guard = Arc::new(FloodGuard {
@@ -139,12 +140,13 @@ pub async fn serve(
     let mut loops = tokio::task::JoinSet::new();
     for s in sockets {
         let sock = Arc::new(s);
-        let (service, metrics, guard, limit, stop) = (
+        let (service, metrics, guard, limit, stop, timeline) = (
             service.clone(),
             metrics.clone(),
             guard.clone(),
             limit.clone(),
             shutdown.clone(),
+            timeline.clone(),
         );
         loops.spawn(async move {
             let mut buf = vec![0u8; 1500];
@@ -164,14 +166,24 @@ pub async fn serve(
                     continue;
                 };
                 let packet = buf[..n].to_vec();
-                let (sock, service, metrics, guard) = (
+                let (sock, service, metrics, guard, timeline) = (
                     sock.clone(),
                     service.clone(),
                     metrics.clone(),
                     guard.clone(),
+                    timeline.clone(),
                 );
                 tokio::spawn(async move {
-                    handle(&sock, &service, &metrics, &guard, &packet, from).await;
+                    handle(
+                        &sock,
+                        &service,
+                        &metrics,
+                        &guard,
+                        timeline.as_ref(),
+                        &packet,
+                        from,
+                    )
+                    .await;
                     drop(permit);
                 });
             }
@@ -186,6 +198,7 @@ async fn handle(
     service: &DhcpService,
     metrics: &DhcpMetrics,
     guard: &FloodGuard,
+    timeline: Option<&crate::service::timeline::Timeline>,
     packet: &[u8],
     from: SocketAddr,
 ) {
@@ -250,6 +263,24 @@ async fn handle(
                 boot_file = reply.boot.as_ref().map(|b| b.file.as_str()).unwrap_or(""),
                 interface = sock.interface.as_deref().unwrap_or("*"), to = %to, "dhcp answer"
             );
+            if let Some(t) = timeline {
+                t.record(crate::service::timeline::Step {
+                    kind: match reply.kind {
+                        ReplyKind::Offer => "dhcp.offer",
+                        ReplyKind::Ack => "dhcp.ack",
+                        ReplyKind::Nak => "dhcp.nak",
+                    },
+                    mac: Some(req.mac),
+                    ip: (!reply.yiaddr.is_unspecified()).then_some(reply.yiaddr),
+                    detail: serde_json::json!({
+                        "client": req.client.to_string(),
+                        "boot_file": reply.boot.as_ref().map(|b| b.file.clone()),
+                        "relay": (!req.giaddr.is_unspecified()).then(|| req.giaddr.to_string()),
+                        "proxy": sock.proxy,
+                        "interface": sock.interface,
+                    }),
+                });
+            }
         }
         Err(e) => {
             metrics.drop("send_failed");

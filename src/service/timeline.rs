@@ -92,11 +92,45 @@ async fn machine_of(
         .map(|m| m.id)
 }
 
+/// MAC -> machine, remembered for a while (unknown MACs too), so a DHCP load of unknown clients
+/// does not cost a database look-up per packet.
+struct MachineCache {
+    map: std::collections::HashMap<MacAddr, (Option<crate::domain::MachineId>, std::time::Instant)>,
+}
+
+impl MachineCache {
+    const TTL: Duration = Duration::from_secs(10);
+
+    async fn machine_of(
+        &mut self,
+        store: &Arc<dyn InventoryStore>,
+        step: &Step,
+    ) -> Option<crate::domain::MachineId> {
+        let Some(mac) = step.mac else {
+            return machine_of(store, step).await;
+        };
+        if let Some((id, at)) = self.map.get(&mac) {
+            if at.elapsed() < Self::TTL {
+                return *id;
+            }
+        }
+        let id = machine_of(store, step).await;
+        if self.map.len() > 100_000 {
+            self.map.clear();
+        }
+        self.map.insert(mac, (id, std::time::Instant::now()));
+        id
+    }
+}
+
 async fn writer(
     store: Arc<dyn InventoryStore>,
     mut rx: mpsc::Receiver<Step>,
     stop: CancellationToken,
 ) {
+    let mut cache = MachineCache {
+        map: std::collections::HashMap::new(),
+    };
     let mut batch = Vec::new();
     loop {
         let first = tokio::select! {
@@ -114,7 +148,7 @@ async fn writer(
             }
         }
         for step in batch.drain(..) {
-            let Some(id) = machine_of(&store, &step).await else {
+            let Some(id) = cache.machine_of(&store, &step).await else {
                 continue;
             };
             let mut detail = step.detail;

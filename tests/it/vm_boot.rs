@@ -281,6 +281,23 @@ async fn install_vm(tag: &str, uefi: bool) {
             .collect::<Vec<_>>()
     );
     assert_eq!(served[0].detail["sha256"], body_sha.as_str());
+    // The boot timeline: the DHCP answers, the TFTP read of ipxe.efi (UEFI; the BIOS ROM is
+    // iPXE already), the kernel and initramfs downloads, then the config, in that order.
+    let pos = |k: &str, file: Option<&str>| {
+        events
+            .iter()
+            .position(|e| e.kind == k && file.is_none_or(|f| e.detail["file"] == f))
+            .unwrap_or_else(|| panic!("{k} {file:?} in the timeline: {kinds:?}"))
+    };
+    let ack = pos("dhcp.ack", None);
+    assert!(ack < pos("http.image", Some("kernel-amd64")), "{kinds:?}");
+    assert!(
+        pos("http.image", Some("initramfs-amd64.xz")) < pos("config.served", None),
+        "{kinds:?}"
+    );
+    if uefi {
+        assert!(ack < pos("tftp.read", Some("ipxe.efi")), "{kinds:?}");
+    }
     assert_eq!(served[0].detail["talos_version"], TALOS);
     let install = events
         .iter()
