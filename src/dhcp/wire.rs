@@ -139,21 +139,24 @@ fn option_value(opts: &[u8], code: u8) -> Option<&[u8]> {
 }
 
 /// Walk an options area: every option's length must fit, and the options dhcproto reads with a
-/// fixed length must have it. Lengths are summed per code first, because a decoder concatenates
-/// repeated instances of one option (RFC 3396) before reading it.
+/// fixed length must have it. dhcproto concatenates a run of adjacent instances of one option
+/// (RFC 3396) and decodes each run on its own (a pad or another option ends a run), so lengths
+/// are summed and checked per run: a short instance apart from the others is read alone.
 fn options_well_formed(opts: &[u8]) -> bool {
-    let mut total = [0usize; 256];
-    let mut seen = [false; 256];
+    // (code, summed length) of the current run.
+    let mut run: Option<(u8, usize)> = None;
     let mut i = 0;
     while i < opts.len() {
         let code = opts[i];
-        match code {
-            0 => {
-                i += 1;
-                continue;
+        if code == 0 || code == 255 {
+            if run.take().is_some_and(|(c, len)| !length_ok(c, len)) {
+                return false;
             }
-            255 => break,
-            _ => {}
+            if code == 255 {
+                break;
+            }
+            i += 1;
+            continue;
         }
         let Some(&len) = opts.get(i + 1) else {
             return false;
@@ -162,30 +165,41 @@ fn options_well_formed(opts: &[u8]) -> bool {
         if i + 2 + len > opts.len() {
             return false;
         }
-        total[usize::from(code)] += len;
-        seen[usize::from(code)] = true;
+        match &mut run {
+            Some((c, total)) if *c == code => *total += len,
+            _ => {
+                if run
+                    .replace((code, len))
+                    .is_some_and(|(c, l)| !length_ok(c, l))
+                {
+                    return false;
+                }
+            }
+        }
         i += 2 + len;
     }
-    (0..=255u8).filter(|c| seen[usize::from(*c)]).all(|code| {
-        let len = total[usize::from(code)];
-        // Fixed lengths (RFC 2132, 4039, 4578, 6926): among them every option dhcproto reads with
-        // a `debug_assert!` on its length (80, 94, 152-155), which a fuzz build turns into a panic.
-        let fixed = match code {
-            80 => Some(0),
-            52 | 53 | 156 | 157 => Some(1),
-            57 => Some(2),
-            94 => Some(3),
-            51 | 58 | 59 | 152..=155 => Some(4),
-            _ => None,
-        };
-        let too_short = match code {
-            93 => len < 2 || len % 2 != 0, // a list of u16
-            81 => len < 3,                 // client FQDN: flags, rcode1, rcode2, name
-            151 => len < 1,                // bulk lease query status code
-            _ => false,
-        };
-        fixed.is_none_or(|f| f == len) && !too_short
-    })
+    run.is_none_or(|(c, len)| length_ok(c, len))
+}
+
+/// Is `len` a length dhcproto reads option `code` with, without asserting?
+fn length_ok(code: u8, len: usize) -> bool {
+    // Fixed lengths (RFC 2132, 4039, 4578, 6926): among them every option dhcproto reads with a
+    // `debug_assert!` on its length (80, 94, 152-155), which a fuzz build turns into a panic.
+    let fixed = match code {
+        80 => Some(0),
+        52 | 53 | 156 | 157 => Some(1),
+        57 => Some(2),
+        94 => Some(3),
+        51 | 58 | 59 | 152..=155 => Some(4),
+        _ => None,
+    };
+    let too_short = match code {
+        93 => len < 2 || len % 2 != 0, // a list of u16
+        81 => len < 3,                 // client FQDN: flags, rcode1, rcode2, name
+        151 => len < 1,                // bulk lease query status code
+        _ => false,
+    };
+    fixed.is_none_or(|f| f == len) && !too_short
 }
 
 /// Encode the answer to `req` (the request message, whose xid, flags, giaddr, chaddr and option
@@ -352,6 +366,30 @@ mod tests {
             decode(&split, false, &[]).err(),
             Some("bad_option_length"),
             "concatenated option"
+        );
+        // Found by the fuzz target: a short option 81 apart from longer ones (a pad between) is
+        // decoded alone, so the lengths of separate runs must not be summed.
+        let mut apart = good[..good.len() - 1].to_vec();
+        apart.extend_from_slice(&[81, 3, 0, 0, 0, 0, 81, 0, 255]);
+        assert_eq!(
+            decode(&apart, false, &[]).err(),
+            Some("bad_option_length"),
+            "short option 81 apart"
+        );
+        let crash = include_bytes!(
+            "../../fuzz/regressions/dhcp_decode_decide/crash-2023b31a7784bc7f045c82f06173064eeaeae7ad"
+        );
+        assert_eq!(
+            decode(crash, false, &[]).err(),
+            Some("bad_option_length"),
+            "the fuzz target's input"
+        );
+        // Adjacent instances still concatenate into one valid option.
+        let mut joined = good[..good.len() - 1].to_vec();
+        joined.extend_from_slice(&[81, 1, 0, 81, 2, 0, 0, 255]);
+        assert!(
+            decode(&joined, false, &[]).is_ok(),
+            "option 81 split in two"
         );
         let mut overlong = good[..good.len() - 1].to_vec();
         overlong.extend_from_slice(&[12, 200, b'x']);
