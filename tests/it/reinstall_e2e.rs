@@ -109,6 +109,7 @@ async fn rig(
         &lab,
         &VmSpec {
             uefi: false,
+            arm64: false,
             mac,
             uuid,
             mem_mb: 512,

@@ -26,13 +26,25 @@ use crate::support::vm_lab::{
     REPORT_PORT, TALOS,
 };
 
+/// The firmware a VM boots with.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Fw {
+    /// SeaBIOS with iPXE as the NIC ROM.
+    Bios,
+    /// x86-64 OVMF, its own PXE.
+    Uefi,
+    /// ARM64 AAVMF, its own PXE.
+    Arm64,
+}
+
 /// Start the VM (network first); the index of its process in the lab.
-fn start_vm(lab: &mut Lab, dir: &Path, uefi: bool, mac: &str, uuid: &str, mem_mb: u32) -> usize {
+fn start_vm(lab: &mut Lab, dir: &Path, fw: Fw, mac: &str, uuid: &str, mem_mb: u32) -> usize {
     let serial = dir.join("serial.log");
     let mut cmd = qemu_command(
         lab,
         &VmSpec {
-            uefi,
+            uefi: fw != Fw::Bios,
+            arm64: fw == Fw::Arm64,
             mac,
             uuid,
             mem_mb,
@@ -47,14 +59,22 @@ fn start_vm(lab: &mut Lab, dir: &Path, uefi: bool, mac: &str, uuid: &str, mem_mb
 }
 
 /// The firmware path the VM took, from Plinth's own log.
-fn assert_firmware_path(log: &str, uefi: bool) {
+fn assert_firmware_path(log: &str, fw: Fw) {
     assert!(log.contains("dhcp answer"), "{log}");
-    if uefi {
+    let first = match fw {
+        Fw::Bios => None,
+        Fw::Uefi => Some("ipxe.efi"),
+        Fw::Arm64 => Some("ipxe-arm64.efi"),
+    };
+    if let Some(file) = first {
         assert!(
-            log.contains("boot_file=\"ipxe.efi\""),
-            "OVMF PXE got ipxe.efi: {log}"
+            log.contains(&format!("boot_file=\"{file}\"")),
+            "the firmware's PXE got {file}: {log}"
         );
-        assert!(log.contains("tftp read"), "ipxe.efi came over TFTP: {log}");
+        assert!(
+            log.contains(&format!("file={file}")),
+            "{file} came over TFTP: {log}"
+        );
     }
     assert!(
         log.contains("boot_file=\"http://10.88.0.1:8080/boot.ipxe\""),
@@ -62,23 +82,27 @@ fn assert_firmware_path(log: &str, uefi: bool) {
     );
 }
 
-async fn boot_vm(tag: &str, uefi: bool) {
+async fn boot_vm(tag: &str, fw: Fw) {
     let dir = workdir(tag);
     let mut lab = Lab::new(tag);
     let cfg = config(dir.path(), &lab.br, "");
+    if fw == Fw::Arm64 {
+        // Debian 12's ipxe package has no ARM64 binary; later Debian suites' package has.
+        let arm = vm_image::debian_ipxe_dir();
+        std::fs::copy(
+            arm.join("ipxe-arm64.efi"),
+            dir.path().join("ipxe/ipxe-arm64.efi"),
+        )
+        .expect("ipxe-arm64.efi");
+    }
     let plog = serve(&mut lab, dir.path(), &cfg);
 
-    let mac = if uefi {
-        "52:54:00:88:00:02"
-    } else {
-        "52:54:00:88:00:01"
+    let (mac, uuid) = match fw {
+        Fw::Bios => ("52:54:00:88:00:01", "0b5d8d6e-6a52-4c1e-9e6f-5f1e2d3c4b01"),
+        Fw::Uefi => ("52:54:00:88:00:02", "0b5d8d6e-6a52-4c1e-9e6f-5f1e2d3c4b02"),
+        Fw::Arm64 => ("52:54:00:88:00:03", "0b5d8d6e-6a52-4c1e-9e6f-5f1e2d3c4b03"),
     };
-    let uuid = if uefi {
-        "0b5d8d6e-6a52-4c1e-9e6f-5f1e2d3c4b02"
-    } else {
-        "0b5d8d6e-6a52-4c1e-9e6f-5f1e2d3c4b01"
-    };
-    start_vm(&mut lab, dir.path(), uefi, mac, uuid, 256);
+    start_vm(&mut lab, dir.path(), fw, mac, uuid, 256);
 
     // Poll the inventory until the VM is discovered and its boot event written (the machine row
     // comes first: polling for it alone raced with the event).
@@ -124,9 +148,12 @@ async fn boot_vm(tag: &str, uefi: bool) {
     assert_eq!(ev[0].kind, "boot.discovered");
     assert_eq!(
         ev[0].detail["platform"],
-        if uefi { "efi" } else { "pcbios" }
+        if fw == Fw::Bios { "pcbios" } else { "efi" }
     );
-    assert_firmware_path(&log, uefi);
+    if fw == Fw::Arm64 {
+        assert_eq!(ev[0].detail["buildarch"], "arm64", "{}", ev[0].detail);
+    }
+    assert_firmware_path(&log, fw);
 }
 
 async fn install_vm(tag: &str, uefi: bool) {
@@ -173,7 +200,8 @@ async fn install_vm(tag: &str, uefi: bool) {
     lab.cli(&token, &["machine", "state", host, "ready"]);
     lab.cli(&token, &["machine", "provision", host, "--ttl", "3600"]);
 
-    let qemu = start_vm(&mut lab, d, uefi, mac, uuid, 512);
+    let fw = if uefi { Fw::Uefi } else { Fw::Bios };
+    let qemu = start_vm(&mut lab, d, fw, mac, uuid, 512);
     let start = Instant::now();
     let limit = Duration::from_secs(600);
     let report = loop {
@@ -328,17 +356,24 @@ async fn install_vm(tag: &str, uefi: bool) {
         "the address the VM leased"
     );
     assert!(m.interfaces.iter().all(|i| i.ipv4.is_none()));
-    assert_firmware_path(&log, uefi);
+    assert_firmware_path(&log, fw);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bios_vm_with_ipxe_rom_is_discovered() {
-    boot_vm("b", false).await;
+    boot_vm("b", Fw::Bios).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uefi_vm_with_ovmf_pxe_is_discovered() {
-    boot_vm("u", true).await;
+    boot_vm("u", Fw::Uefi).await;
+}
+
+/// ARM64 UEFI: AAVMF's PXE asks with client architecture 11, gets `ipxe-arm64.efi` over TFTP,
+/// Debian's ARM64 iPXE then asks again and chains to the script, which registers the machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arm64_uefi_vm_boots_arm64_ipxe_and_is_discovered() {
+    boot_vm("a", Fw::Arm64).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -397,3 +397,27 @@ fn cpio_entries_are_aligned_and_terminated() {
     assert!(a.starts_with(b"070701"));
     assert!(a.windows(10).any(|w| w == b"TRAILER!!!"));
 }
+
+/// A directory with the iPXE binaries of a newer Debian `ipxe` package, which (unlike Debian 12's)
+/// has `ipxe-arm64.efi`: obtained once per target directory with the project's own
+/// `ipxe/fetch.sh --debian`, which verifies the archive's signature and checksums.
+pub fn debian_ipxe_dir() -> PathBuf {
+    static ONCE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _g = ONCE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ipxe-debian");
+    if !dir.join("ipxe-arm64.efi").is_file() {
+        let out = Command::new("sh")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("ipxe/fetch.sh"))
+            .args(["--debian", "trixie,forky,sid"])
+            .arg(&dir)
+            .output()
+            .expect("run ipxe/fetch.sh");
+        assert!(
+            out.status.success() && dir.join("ipxe-arm64.efi").is_file(),
+            "ipxe/fetch.sh --debian trixie,forky,sid {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    dir
+}

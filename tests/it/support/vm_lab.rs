@@ -511,6 +511,9 @@ pub fn all_reports(out: &Path) -> Vec<HashMap<String, String>> {
 pub struct VmSpec<'a> {
     /// OVMF instead of SeaBIOS.
     pub uefi: bool,
+    /// An ARM64 VM (qemu's `virt` board with Debian's AAVMF, its own PXE on virtio-net) instead
+    /// of an x86-64 one; `uefi` is implied.
+    pub arm64: bool,
     pub mac: &'a str,
     pub uuid: &'a str,
     pub mem_mb: u32,
@@ -525,7 +528,11 @@ pub struct VmSpec<'a> {
 /// qemu's command line (program first) for `vm` on the lab's tap, without `-boot`.
 pub fn qemu_command(lab: &Lab, vm: &VmSpec) -> Vec<String> {
     let mut args: Vec<String> = [
-        "qemu-system-x86_64",
+        if vm.arm64 {
+            "qemu-system-aarch64"
+        } else {
+            "qemu-system-x86_64"
+        },
         "-accel",
         "tcg",
         "-m",
@@ -557,7 +564,23 @@ pub fn qemu_command(lab: &Lab, vm: &VmSpec) -> Vec<String> {
             format!("file={},format=raw,if=ide", disk.display()),
         ]);
     }
-    if vm.uefi {
+    if vm.arm64 {
+        let vars = vm.dir.join("AAVMF_VARS.fd");
+        std::fs::copy("/usr/share/AAVMF/AAVMF_VARS.fd", &vars)
+            .expect("AAVMF vars (qemu-efi-aarch64)");
+        args.extend([
+            "-machine".to_string(),
+            "virt".into(),
+            "-cpu".into(),
+            "cortex-a57".into(),
+            "-drive".into(),
+            "if=pflash,format=raw,readonly=on,file=/usr/share/AAVMF/AAVMF_CODE.fd".into(),
+            "-drive".into(),
+            format!("if=pflash,format=raw,file={}", vars.display()),
+            "-device".into(),
+            format!("virtio-net-pci,netdev=n0,mac={},romfile=", vm.mac),
+        ]);
+    } else if vm.uefi {
         let vars = vm.dir.join("OVMF_VARS.fd");
         std::fs::copy("/usr/share/OVMF/OVMF_VARS.fd", &vars).expect("vars");
         args.extend([
