@@ -250,6 +250,13 @@ args=(run --count "$N" --iface sc0 --server 10.77.0.1 --boot-url http://10.77.0.
 rc=0
 ip netns exec "$CLI" "$STORM_BIN" "${args[@]}" || rc=$?
 hwm=$(awk '/VmHWM/ {print $2}' "/proc/$SERVER_PID/status")
+# Where Plinth dropped or refused something: its counters, and the kernel's UDP receive-buffer
+# overflows in its namespace (DHCP and TFTP packets lost before Plinth read them).
+ip netns exec "$SRV" curl -s --max-time 10 http://10.77.0.1:8080/metrics >"$WORK/metrics.txt" || true
+drops=$(grep -E '^plinth_(dhcp_dropped|timeline_dropped)' "$WORK/metrics.txt" | tr '\n' ' ' || true)
+udp_errors() { ip netns exec "$1" awk '/^Udp:/ {if (h) {print "RcvbufErrors=" $6 " InErrors=" $4} else h=1}' /proc/net/snmp; }
+echo "plinth drops: ${drops:-none}"
+echo "UDP receive errors: server namespace $(udp_errors "$SRV"), client namespace $(udp_errors "$CLI")"
 echo "plinth ($DB): peak memory VmHWM $((hwm / 1024)) MiB (RSS $((rss_before / 1024)) MiB before the storm)"
 warn=$(grep -c -E '"level":"(WARN|ERROR)"| WARN | ERROR ' "$WORK/plinth.log" || true)
 echo "plinth log: $warn warning/error lines ($WORK/plinth.log)"
