@@ -238,6 +238,9 @@ pub trait InventoryStore:
     /// Append an event.
     async fn append_event(&self, event: &NewEvent) -> Result<(), StoreError>;
 
+    /// Append events in order, in one transaction (one commit, one fsync): all of them or none.
+    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError>;
+
     /// Read events, oldest first.
     async fn list_events(&self, filter: &EventFilter) -> Result<Vec<Event>, StoreError>;
 

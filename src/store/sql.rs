@@ -631,6 +631,16 @@ macro_rules! sql_store {
                     tx.commit().await.map_err(backend)
                 }
 
+                async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+                    if events.is_empty() {
+                        return Ok(());
+                    }
+                    let all: Vec<&NewEvent> = events.iter().collect();
+                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    insert_events(&mut tx, &all).await?;
+                    tx.commit().await.map_err(backend)
+                }
+
                 async fn list_events(&self, f: &EventFilter) -> Result<Vec<Event>, StoreError> {
                     let mut q = QueryBuilder::<Db>::new(
                         "SELECT id, machine_id, kind, actor, detail, at FROM events WHERE 1 = 1",

@@ -22,6 +22,7 @@ mod talos_configs;
 mod talos_patch;
 mod talos_schema;
 mod talos_secrets;
+mod timeline;
 mod vm_boot;
 mod workflow_crash;
 mod workflows;
