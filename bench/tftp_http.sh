@@ -66,6 +66,11 @@ PIDS=()
 cleanup() {
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    # Anything still running in the namespaces was started here (a tftpd child, a client): it
+    # must not outlive the run, nor keep the caller's lock file open.
+    for ns in "$SRV" "$CLI"; do
+        for p in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
+    done
     ip netns del "$SRV" 2>/dev/null || true
     ip netns del "$CLI" 2>/dev/null || true
     rm -rf "$WORK"
@@ -147,12 +152,13 @@ plinth apply "$INV" --config "$CFG" >"$WORK/apply.log" 2>&1 || { cat "$WORK/appl
 TOKEN=$(plinth token create --role operator --config "$CFG")
 
 # ---------------------------------------------------------------------------------------------
-# Servers, all in the server namespace at once on their own ports (idle ones cost nothing).
-in_srv "$PLINTH_BIN" serve --config "$CFG" >"$WORK/plinth.log" 2>&1 &
+# Servers, all in the server namespace at once on their own ports (idle ones cost nothing),
+# started without a wrapper function so that $! is the server itself.
+ip netns exec "$SRV" "$PLINTH_BIN" serve --config "$CFG" >"$WORK/plinth.log" 2>&1 &
 PIDS+=($!)
-in_srv in.tftpd -L -u nobody -a $S_IP:6970 -s "$TFTP_DIR" >"$WORK/tftpd.log" 2>&1 &
+ip netns exec "$SRV" in.tftpd -L -u nobody -a $S_IP:6970 -s "$TFTP_DIR" >"$WORK/tftpd.log" 2>&1 &
 PIDS+=($!)
-in_srv dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root --bind-interfaces \
+ip netns exec "$SRV" dnsmasq --no-daemon --conf-file=/dev/null --port=0 --user=root --bind-interfaces \
     --interface=ts0 --enable-tftp --tftp-root="$TFTP_DIR" --tftp-max=1000 \
     --pid-file="$WORK/dnsmasq.pid" >"$WORK/dnsmasq.log" 2>&1 &
 PIDS+=($!)
@@ -173,7 +179,7 @@ http {
     server { listen $S_IP:8081; root $WORK/www; }
 }
 EOF
-in_srv nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
+ip netns exec "$SRV" nginx -p "$WORK/nginx" -c "$WORK/nginx/nginx.conf" >"$WORK/nginx/out.log" 2>&1 &
 PIDS+=($!)
 
 for _ in $(seq 1 100); do
