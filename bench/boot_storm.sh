@@ -261,7 +261,7 @@ echo "plinth ($DB): peak memory VmHWM $((hwm / 1024)) MiB (RSS $((rss_before / 1
 warn=$(grep -c -E '"level":"(WARN|ERROR)"| WARN | ERROR ' "$WORK/plinth.log" || true)
 echo "plinth log: $warn warning/error lines ($WORK/plinth.log)"
 if [ "$warn" != 0 ]; then
-    grep -E '"level":"(WARN|ERROR)"| WARN | ERROR ' "$WORK/plinth.log" | head -5
+    grep -E '"level":"(WARN|ERROR)"| WARN | ERROR ' "$WORK/plinth.log" | head -5 || true
 fi
 python3 - "$WORK/report.json" "$hwm" "$DB" <<'EOF' >"$WORK/report.full.json" || true
 import json, sys
@@ -270,5 +270,5 @@ r["plinth_vmhwm_kib"] = int(sys.argv[2])
 r["database"] = sys.argv[3]
 print(json.dumps(r, indent=2))
 EOF
-[ -n "$JSON" ] && cp "$WORK/report.full.json" "$JSON"
+if [ -n "$JSON" ]; then cp "$WORK/report.full.json" "$JSON"; fi
 exit "$rc"
