@@ -994,6 +994,18 @@ async fn follow_events(
     kind: Option<&str>,
     until_done: bool,
 ) -> anyhow::Result<()> {
+    let resp = open_event_stream(api, machine, kind).await?;
+    print_event_stream(resp, until_done).await
+}
+
+/// Open the live stream. The server fixes the stream's starting point before it answers, so
+/// every event written after this returns is in the stream: open it before starting what it is
+/// to show (a reinstall's first stage can be written before a stream opened afterwards starts).
+async fn open_event_stream(
+    api: &ApiClient,
+    machine: Option<&str>,
+    kind: Option<&str>,
+) -> anyhow::Result<reqwest::Response> {
     let mut q = vec![];
     if let Some(m) = machine {
         q.push(format!("machine={m}"));
@@ -1013,7 +1025,11 @@ async fn follow_events(
     if !resp.status().is_success() {
         bail!("event stream: HTTP {}", resp.status());
     }
-    let mut resp = resp;
+    Ok(resp)
+}
+
+/// Print the events of an open stream (see `follow_events`).
+async fn print_event_stream(mut resp: reqwest::Response, until_done: bool) -> anyhow::Result<()> {
     let mut buf = String::new();
     while let Some(chunk) = resp.chunk().await.context("event stream")? {
         buf.push_str(&String::from_utf8_lossy(&chunk));
@@ -1332,6 +1348,11 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
         } => {
             let (_, m) = api.get_machine(&machine).await?;
             let id = s(&m["id"]);
+            let stream = if follow {
+                Some(open_event_stream(&api, Some(&id), Some("reinstall.")).await?)
+            } else {
+                None
+            };
             let (_, started) = api
                 .send(
                     api.req(Method::POST, &format!("/machines/{id}/reinstall"))
@@ -1346,8 +1367,8 @@ pub async fn machine(args: Box<MachineArgs>) -> anyhow::Result<()> {
                     s(&started["next"])
                 ));
             }
-            if follow {
-                follow_events(&api, Some(&id), Some("reinstall."), true).await?;
+            if let Some(stream) = stream {
+                print_event_stream(stream, true).await?;
             }
         }
         MachineCommand::Events {
