@@ -57,6 +57,7 @@ if [ "$N" -lt 1 ] || [ "$N" -gt 16000 ]; then
 fi
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/bench/lib.sh"
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 PLINTH_BIN=${PLINTH_BIN:-$TARGET/release/plinth}
 STORM_BIN=${STORM_BIN:-$TARGET/release/examples/boot_storm}
@@ -64,10 +65,8 @@ SHARED=${PLINTH_SHARED:-$ROOT/../shared}
 PG_ADMIN=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 PG_SOCKET_DIR=${PLINTH_PG_SOCKET_DIR:-/var/run/postgresql}
 TALOS=v1.11.6
-for tool in ip python3 curl; do
-    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
-done
-[ "$DB" = sqlite ] || command -v psql >/dev/null || { echo "missing: psql" >&2; exit 1; }
+require_tools ip python3 curl
+[ "$DB" = sqlite ] || require_tools psql
 if [ ! -x "$PLINTH_BIN" ] || [ ! -x "$STORM_BIN" ]; then
     (cd "$ROOT" && cargo build --release --bin plinth --example boot_storm)
 fi
@@ -80,7 +79,6 @@ CLI=pls-c$TAG
 WORK=$(mktemp -d /tmp/plinth-storm.XXXXXX)
 SERVER_PID=""
 PG_DB=""
-GC_SAVED=""
 
 cleanup() {
     set +e
@@ -93,11 +91,7 @@ cleanup() {
     if [ -n "$PG_DB" ]; then
         psql "$PG_ADMIN" -qc "DROP DATABASE IF EXISTS $PG_DB WITH (FORCE)" >/dev/null 2>&1
     fi
-    if [ -n "$GC_SAVED" ]; then
-        read -r g1 g2 g3 <<<"$GC_SAVED"
-        sysctl -q -w net.ipv4.neigh.default.gc_thresh3="$g3" net.ipv4.neigh.default.gc_thresh2="$g2" \
-            net.ipv4.neigh.default.gc_thresh1="$g1" >/dev/null
-    fi
+    neigh_restore
     if [ "$KEEP" = 1 ]; then
         echo "kept: $WORK (plinth.log, plinth.toml, report.json)" >&2
     else
@@ -110,13 +104,8 @@ trap 'exit 130' INT TERM
 say() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
 
 # --- The neighbour table (global to every namespace): room for every leased address. ---
-want=$((2 * N + 1024))
-cur3=$(sysctl -n net.ipv4.neigh.default.gc_thresh3)
-if [ "$N" -gt 256 ] && [ "$cur3" -lt "$want" ]; then
-    GC_SAVED="$(sysctl -n net.ipv4.neigh.default.gc_thresh1) $(sysctl -n net.ipv4.neigh.default.gc_thresh2) $cur3"
-    say "raising net.ipv4.neigh.default.gc_thresh{1,2,3} to $((want / 4)) $((want / 2)) $want for the run (was $GC_SAVED)"
-    sysctl -q -w net.ipv4.neigh.default.gc_thresh3="$want" net.ipv4.neigh.default.gc_thresh2="$((want / 2))" \
-        net.ipv4.neigh.default.gc_thresh1="$((want / 4))" >/dev/null
+if [ "$N" -gt 256 ]; then
+    neigh_raise $((2 * N + 1024))
 fi
 
 # --- Namespaces: Plinth's side and the fleet's side of one veth cable. ---

@@ -36,11 +36,10 @@ while [ $# -gt 0 ]; do
 done
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/bench/lib.sh"
 PLINTH_BIN=${PLINTH_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/plinth}
 PG_ADMIN=${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres}
-for tool in perfdhcp dnsmasq kea-dhcp4 python3 ip curl; do
-    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
-done
+require_tools perfdhcp dnsmasq kea-dhcp4 python3 ip curl
 if [ ! -x "$PLINTH_BIN" ]; then
     (cd "$ROOT" && cargo build --release --bin plinth)
 fi
@@ -52,13 +51,8 @@ WORK=$(mktemp -d /tmp/plinth-bench.XXXXXX)
 SERVER_PID=""
 PG_DB=""
 
-NEIGH_SAVED=""
 cleanup() {
-    if [ -n "$NEIGH_SAVED" ]; then
-        read -r t1 t2 t3 <<<"$NEIGH_SAVED"
-        sysctl -qw net.ipv4.neigh.default.gc_thresh1="$t1" net.ipv4.neigh.default.gc_thresh2="$t2" \
-            net.ipv4.neigh.default.gc_thresh3="$t3" || true
-    fi
+    neigh_restore
     stop_server
     ip netns del "$SRV" 2>/dev/null || true
     ip netns del "$CLI" 2>/dev/null || true
@@ -104,10 +98,7 @@ for ns in "$SRV" "$CLI"; do ip -n "$ns" link set lo up; done
 # thousands of MACs and dnsmasq's replies are dropped. Size it so that dnsmasq is measured, not the
 # table (Plinth and Kea broadcast to such clients and are unaffected). The thresholds are the
 # kernel's, not the namespace's: they are put back on exit.
-NEIGH_SAVED=$(sysctl -n net.ipv4.neigh.default.gc_thresh1 net.ipv4.neigh.default.gc_thresh2 \
-    net.ipv4.neigh.default.gc_thresh3 | tr '\n' ' ')
-sysctl -qw net.ipv4.neigh.default.gc_thresh1=65536 net.ipv4.neigh.default.gc_thresh2=131072 \
-    net.ipv4.neigh.default.gc_thresh3=262144
+neigh_raise 262144
 ip -n "$SRV" link set bs0 up
 ip -n "$CLI" link set bc0 up
 

@@ -47,11 +47,10 @@ done
 want() { case " $ONLY " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
+. "$ROOT/bench/lib.sh"
 PLINTH_BIN=${PLINTH_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/plinth}
 SCHEMA_DIR=${PLINTH_SCHEMA_DIR:-$ROOT/../shared/talos/schemas}
-for tool in ip python3 curl atftp in.tftpd dnsmasq nginx wrk; do
-    command -v "$tool" >/dev/null || { echo "missing: $tool" >&2; exit 1; }
-done
+require_tools ip python3 curl atftp in.tftpd dnsmasq nginx wrk
 if [ ! -x "$PLINTH_BIN" ]; then
     (cd "$ROOT" && cargo build --release --bin plinth)
 fi
