@@ -564,33 +564,34 @@ pub fn qemu_command(lab: &Lab, vm: &VmSpec) -> Vec<String> {
             format!("file={},format=raw,if=ide", disk.display()),
         ]);
     }
-    if vm.arm64 {
-        let vars = vm.dir.join("AAVMF_VARS.fd");
-        std::fs::copy("/usr/share/AAVMF/AAVMF_VARS.fd", &vars)
-            .expect("AAVMF vars (qemu-efi-aarch64)");
-        args.extend([
-            "-machine".to_string(),
-            "virt".into(),
-            "-cpu".into(),
-            "cortex-a57".into(),
-            "-drive".into(),
-            "if=pflash,format=raw,readonly=on,file=/usr/share/AAVMF/AAVMF_CODE.fd".into(),
-            "-drive".into(),
-            format!("if=pflash,format=raw,file={}", vars.display()),
-            "-device".into(),
-            format!("virtio-net-pci,netdev=n0,mac={},romfile=", vm.mac),
-        ]);
+    // UEFI: the board, the firmware's code and the template of its variable store. No NIC ROM:
+    // the firmware's own virtio-net driver and PXE do the first stage.
+    let uefi: Option<(&[&str], &str, &str)> = if vm.arm64 {
+        Some((
+            &["-machine", "virt", "-cpu", "cortex-a57"],
+            "/usr/share/AAVMF/AAVMF_CODE.fd",
+            "/usr/share/AAVMF/AAVMF_VARS.fd",
+        ))
     } else if vm.uefi {
-        let vars = vm.dir.join("OVMF_VARS.fd");
-        std::fs::copy("/usr/share/OVMF/OVMF_VARS.fd", &vars).expect("vars");
+        Some((
+            &["-machine", "q35"],
+            "/usr/share/OVMF/OVMF_CODE.fd",
+            "/usr/share/OVMF/OVMF_VARS.fd",
+        ))
+    } else {
+        None
+    };
+    if let Some((board, code, vars_template)) = uefi {
+        let vars = vm
+            .dir
+            .join(Path::new(vars_template).file_name().expect("a file name"));
+        std::fs::copy(vars_template, &vars).unwrap_or_else(|e| panic!("{vars_template}: {e}"));
+        args.extend(board.iter().map(|a| a.to_string()));
         args.extend([
-            "-machine".to_string(),
-            "q35".into(),
-            "-drive".into(),
-            "if=pflash,format=raw,readonly=on,file=/usr/share/OVMF/OVMF_CODE.fd".into(),
+            "-drive".to_string(),
+            format!("if=pflash,format=raw,readonly=on,file={code}"),
             "-drive".into(),
             format!("if=pflash,format=raw,file={}", vars.display()),
-            // No NIC ROM: OVMF's own virtio-net driver and PXE do the first stage.
             "-device".into(),
             format!("virtio-net-pci,netdev=n0,mac={},romfile=", vm.mac),
         ]);
