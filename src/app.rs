@@ -153,6 +153,54 @@ fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
     Ok(out)
 }
 
+/// Run the front door `serve` makes on a Tokio runtime of its own (`workers` threads; one: a
+/// current-thread runtime on its OS thread), and return its result as a future for the main
+/// runtime's task set. DHCP and TFTP run so: they answer small packets on the firmware's
+/// retransmission timers (DHCP 4 s, TFTP a few seconds a block), and on the main runtime a boot
+/// storm queues them behind the HTTP work of streaming images to hundreds of machines. Their mostly
+/// idle threads are scheduled by the kernel as soon as a packet arrives, whatever the HTTP side is
+/// doing. Sockets given to `serve` as std sockets join its runtime inside it.
+fn on_own_runtime<F, Fut>(
+    name: &str,
+    workers: usize,
+    serve: F,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>>>
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = anyhow::Result<()>>,
+{
+    let rt = if workers <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers)
+            .thread_name(format!("{name}-worker"))
+            .enable_all()
+            .build()
+    }
+    .with_context(|| format!("cannot start the {name} runtime"))?;
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let thread = name.to_string();
+    std::thread::Builder::new()
+        .name(thread.clone())
+        .spawn(move || {
+            let r = rt.block_on(serve());
+            // Work still running (a decision, a transfer) ends with the runtime; clients retry.
+            rt.shutdown_background();
+            let _ = tx.send(r);
+        })
+        .with_context(|| format!("cannot start the {name} thread"))?;
+    Ok(async move {
+        rx.await.unwrap_or_else(|_| {
+            Err(anyhow::anyhow!(
+                "the {thread} thread ended without a result"
+            ))
+        })
+    })
+}
+
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let store = open_store(config, true).await?;
@@ -185,6 +233,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let mut tasks = JoinSet::new();
     let mut dhcp = Vec::new();
     let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
+    timeline.register(&metrics);
     if let Some(d) = &config.dhcp {
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
@@ -205,7 +254,10 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         let m = crate::dhcp::DhcpMetrics::register(&metrics);
         let stop = shutdown.clone();
         let tl = Some(timeline.clone());
-        tasks.spawn(async move { crate::dhcp::serve(dhcp_sockets, service, m, tl, stop).await });
+        let done = on_own_runtime("plinth-dhcp", 1, move || {
+            crate::dhcp::serve(dhcp_sockets, service, m, tl, stop)
+        })?;
+        tasks.spawn(done);
     }
     let secrets_for_configs = secrets.clone();
     let inventory = Inventory::new(store.clone(), secrets);
@@ -221,7 +273,10 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         };
         let (root, m, stop) = (config.ipxe_dir.clone(), metrics.clone(), shutdown.clone());
         let tl = Some(timeline.clone());
-        tasks.spawn(async move { crate::tftp::serve(sock, root, opts, m, tl, stop).await });
+        let done = on_own_runtime("plinth-tftp", 2, move || {
+            crate::tftp::serve(sock, root, opts, m, tl, stop)
+        })?;
+        tasks.spawn(done);
     }
     let bootable = bootable_arches(&config.ipxe_dir);
     let configs = crate::service::ConfigService::new(

@@ -3,6 +3,10 @@
 //! the client's address, or broadcast on the interface the request came in on. Malformed packets,
 //! floods and overload are dropped and counted, never a panic.
 //!
+//! `app` runs it on a runtime and OS thread of its own: during a boot storm the main runtime is
+//! busy streaming images to hundreds of machines, and a DISCOVER queued behind that work misses
+//! the firmware's retransmission timer.
+//!
 //! Imports `service` and `domain` only; no other front door, no store.
 
 pub mod wire;
@@ -28,8 +32,9 @@ pub const CLIENT_PORT: u16 = 68;
 
 /// A bound DHCP socket and what it serves.
 pub struct DhcpSocket {
-    /// The socket (SO_BROADCAST set; bound to one interface where configured).
-    pub socket: UdpSocket,
+    /// The socket (SO_BROADCAST set, nonblocking; bound to one interface where configured). A std
+    /// socket: it joins the runtime that serves it (`serve`) only there.
+    pub socket: std::net::UdpSocket,
     /// Interface name, when bound to one.
     pub interface: Option<String>,
     /// IPv4 addresses of that interface: they select the subnet of unrelayed requests.
@@ -120,8 +125,22 @@ impl FloodGuard {
     }
 }
 
-/// Most requests decided at once; beyond it packets are dropped (counted as `overload`).
-const MAX_IN_FLIGHT: usize = 512;
+/// Most requests decided at once; beyond it packets are dropped (counted as `overload`). A
+/// thousand machines powered on together send a thousand DISCOVERs within milliseconds: they wait
+/// here for the database rather than being dropped into the firmware's 4-second retry.
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// Receive buffer asked for on each DHCP socket (the kernel's default, about 200 KiB, holds fewer
+/// than a hundred DHCP packets).
+const RECV_BUFFER: usize = 4 << 20;
+
+/// A socket joined to the serving runtime.
+struct Serving {
+    socket: UdpSocket,
+    interface: Option<String>,
+    local_ips: Vec<Ipv4Addr>,
+    proxy: bool,
+}
 
 /// Serve on `sockets` until `shutdown`.
 pub async fn serve(
@@ -139,7 +158,12 @@ pub async fn serve(
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut loops = tokio::task::JoinSet::new();
     for s in sockets {
-        let sock = Arc::new(s);
+        let sock = Arc::new(Serving {
+            socket: UdpSocket::from_std(s.socket)?,
+            interface: s.interface,
+            local_ips: s.local_ips,
+            proxy: s.proxy,
+        });
         let (service, metrics, guard, limit, stop, timeline) = (
             service.clone(),
             metrics.clone(),
@@ -194,7 +218,7 @@ pub async fn serve(
 }
 
 async fn handle(
-    sock: &DhcpSocket,
+    sock: &Serving,
     service: &DhcpService,
     metrics: &DhcpMetrics,
     guard: &FloodGuard,
@@ -299,9 +323,13 @@ pub fn bind(port: u16, interface: Option<&str>, proxy: bool) -> std::io::Result<
         s.bind_device(Some(ifname.as_bytes()))?;
     }
     s.set_nonblocking(true)?;
+    // Past net.core.rmem_max where the process may (CAP_NET_ADMIN), else up to it.
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, RECV_BUFFER).is_err() {
+        let _ = s.set_recv_buffer_size(RECV_BUFFER);
+    }
     s.bind(&SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, port)).into())?;
     let local_ips = local_ipv4s(interface);
-    let socket = UdpSocket::from_std(s.into())?;
+    let socket: std::net::UdpSocket = s.into();
     Ok(DhcpSocket {
         socket,
         interface: interface.map(str::to_string),

@@ -8,10 +8,10 @@
 //! Imports `domain` and the rest of `service` only.
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -35,7 +35,7 @@ pub struct Step {
 #[derive(Clone)]
 pub struct Timeline {
     tx: mpsc::Sender<Step>,
-    dropped: Arc<AtomicU64>,
+    dropped: Counter,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -48,26 +48,39 @@ impl Timeline {
     /// Start the writer over `store`; it stops when `stop` is cancelled (after writing what is
     /// queued).
     pub fn start(store: Arc<dyn InventoryStore>, stop: CancellationToken) -> Timeline {
-        let (tx, rx) = mpsc::channel(8192);
+        let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(writer(store, rx, stop));
         Timeline {
             tx,
-            dropped: Arc::default(),
+            dropped: Counter::default(),
         }
     }
 
     /// Report a step; never waits.
     pub fn record(&self, step: Step) {
         if self.tx.try_send(step).is_err() {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.inc();
         }
     }
 
     /// Steps dropped because the queue was full.
     pub fn dropped(&self) -> u64 {
-        self.dropped.load(Ordering::Relaxed)
+        self.dropped.get()
+    }
+
+    /// Export the dropped steps as `plinth_timeline_dropped_total`.
+    pub fn register(&self, metrics: &crate::metrics::Metrics) {
+        metrics.register(
+            "timeline_dropped",
+            "Boot timeline steps dropped because the writer's queue was full",
+            self.dropped.clone(),
+        );
     }
 }
+
+/// Steps queued for the writer at most (a boot storm of 1,000 machines makes some 10,000 within
+/// half a minute).
+const QUEUE: usize = 65_536;
 
 async fn machine_of(
     store: &Arc<dyn InventoryStore>,
@@ -92,10 +105,15 @@ async fn machine_of(
         .map(|m| m.id)
 }
 
-/// MAC -> machine, remembered for a while (unknown MACs too), so a DHCP load of unknown clients
-/// does not cost a database look-up per packet.
+/// MAC -> machine and address -> machine, remembered for a while (unknown ones too), so a DHCP
+/// load of unknown clients does not cost a database look-up per packet, nor a boot's TFTP and HTTP
+/// steps (known by address only) two look-ups each. An ACK step (MAC and address) refreshes its
+/// address's entry, so an address that passes to another machine is attributed to the new one
+/// from its ACK on.
 struct MachineCache {
     map: std::collections::HashMap<MacAddr, (Option<crate::domain::MachineId>, std::time::Instant)>,
+    by_ip:
+        std::collections::HashMap<Ipv4Addr, (Option<crate::domain::MachineId>, std::time::Instant)>,
 }
 
 impl MachineCache {
@@ -107,19 +125,47 @@ impl MachineCache {
         step: &Step,
     ) -> Option<crate::domain::MachineId> {
         let Some(mac) = step.mac else {
-            return machine_of(store, step).await;
-        };
-        if let Some((id, at)) = self.map.get(&mac) {
-            if at.elapsed() < Self::TTL {
-                return *id;
+            let ip = step.ip?;
+            if let Some((id, at)) = self.by_ip.get(&ip) {
+                if at.elapsed() < Self::TTL {
+                    return *id;
+                }
             }
+            let id = machine_of(store, step).await;
+            Self::remember(&mut self.by_ip, ip, id);
+            return id;
+        };
+        let fresh = self
+            .map
+            .get(&mac)
+            .filter(|(_, at)| at.elapsed() < Self::TTL)
+            .map(|(id, _)| *id);
+        let id = match fresh {
+            Some(id) => id,
+            None => {
+                let id = machine_of(store, step).await;
+                Self::remember(&mut self.map, mac, id);
+                id
+            }
+        };
+        if let (Some(ip), "dhcp.ack") = (step.ip, step.kind) {
+            Self::remember(&mut self.by_ip, ip, id);
         }
-        let id = machine_of(store, step).await;
-        if self.map.len() > 100_000 {
-            self.map.clear();
-        }
-        self.map.insert(mac, (id, std::time::Instant::now()));
         id
+    }
+
+    fn remember<K: std::hash::Hash + Eq>(
+        map: &mut std::collections::HashMap<
+            K,
+            (Option<crate::domain::MachineId>, std::time::Instant),
+        >,
+        key: K,
+        id: Option<crate::domain::MachineId>,
+    ) {
+        if map.len() > 100_000 {
+            map.clear();
+        }
+        map.insert(key, (id, std::time::Instant::now()));
     }
 }
 
@@ -130,6 +176,7 @@ async fn writer(
 ) {
     let mut cache = MachineCache {
         map: std::collections::HashMap::new(),
+        by_ip: std::collections::HashMap::new(),
     };
     let mut batch = Vec::new();
     loop {

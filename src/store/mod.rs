@@ -4,7 +4,7 @@
 //!
 //! Must not import `http`, `bmc` or any front door.
 
-mod lease_writer;
+mod group_commit;
 mod postgres;
 mod sql;
 mod sqlite;

@@ -1,6 +1,7 @@
 //! PostgreSQL store: one pool for reads and writes. Migrations take PostgreSQL's advisory lock, so
-//! several instances starting at once migrate once. DHCP lease writes go through the group-commit
-//! writer (`lease_writer`): many leases, one commit.
+//! several instances starting at once migrate once. DHCP lease writes and the small writes of every
+//! boot go through the group commit (`group_commit`), on connections of their own: many writes,
+//! one commit.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Pool;
 
-use super::lease_writer::LeaseWriter;
+use super::group_commit::GroupCommit;
 use super::{backend, StoreOptions};
 use crate::service::StoreError;
 
@@ -17,8 +18,14 @@ use crate::service::StoreError;
 pub struct PgStore {
     write: Pool<sqlx::Postgres>,
     read: Pool<sqlx::Postgres>,
-    leases: LeaseWriter,
+    /// DHCP's own connections (lease look-ups and the lease group commit): a DISCOVER never
+    /// queues behind the boot scripts, configs and API requests that share `read`.
+    lease_read: Pool<sqlx::Postgres>,
+    leases: GroupCommit,
 }
+
+/// Connections of DHCP's pool (one for the group commit, the rest for look-ups).
+const LEASE_CONNECTIONS: u32 = 4;
 
 impl PgStore {
     /// Connect and migrate.
@@ -34,7 +41,7 @@ impl PgStore {
             .max_connections(opts.max_connections.max(2))
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(connect)
+            .connect_with(connect.clone())
             .await
             .map_err(backend)?;
         if opts.migrate {
@@ -43,11 +50,23 @@ impl PgStore {
                 .await
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;
         }
+        let lease_read = PgPoolOptions::new()
+            .max_connections(LEASE_CONNECTIONS)
+            .test_before_acquire(false)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(connect);
         Ok(Self {
-            leases: LeaseWriter::spawn(generated::Batch(pool.clone())),
+            leases: GroupCommit::spawn(generated::Batch(lease_read.clone())),
             write: pool.clone(),
             read: pool,
+            lease_read,
         })
+    }
+
+    /// PostgreSQL has no single writer to queue for: writers take no turn (see the SQLite
+    /// store's).
+    async fn write_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        None
     }
 
     /// Several instances may allocate from one PostgreSQL lease table.

@@ -345,6 +345,25 @@ macro_rules! sql_store {
                 }
             }
 
+            impl $store {
+                /// A writer's transaction, after its turn at the writer (see `write_turn`; the turn
+                /// is held until the transaction ends).
+                async fn begin_write(&self) -> Result<(Option<tokio::sync::SemaphorePermit<'_>>, Tx<'static>), StoreError> {
+                    let turn = self.write_turn().await;
+                    let tx = self.write.begin().await.map_err(backend)?;
+                    Ok((turn, tx))
+                }
+
+                /// A writer's connection, after its turn at the writer.
+                async fn write_conn(
+                    &self,
+                ) -> Result<(Option<tokio::sync::SemaphorePermit<'_>>, sqlx::pool::PoolConnection<Db>), StoreError> {
+                    let turn = self.write_turn().await;
+                    let conn = self.write.acquire().await.map_err(backend)?;
+                    Ok((turn, conn))
+                }
+            }
+
             #[async_trait]
             impl InventoryStore for $store {
                 async fn ping(&self) -> Result<(), StoreError> {
@@ -359,7 +378,7 @@ macro_rules! sql_store {
                     rec: &MachineRecord,
                     event: &NewEvent,
                 ) -> Result<Machine, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     insert_machines(&mut tx, &[(id, state, rec)]).await?;
                     insert_events(&mut tx, &[event]).await?;
                     let m = load_one_tx(&mut tx, id.0).await?;
@@ -374,7 +393,7 @@ macro_rules! sql_store {
                     rec: &MachineRecord,
                     event: &NewEvent,
                 ) -> Result<Machine, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let s = &rec.spec;
                     let done = sqlx::query(
                         "UPDATE machines SET hostname = $1, smbios_uuid = $2, serial = $3, asset_tag = $4, \
@@ -438,7 +457,7 @@ macro_rules! sql_store {
                     expected_version: i64,
                     event: &NewEvent,
                 ) -> Result<(), StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let done = sqlx::query("DELETE FROM machines WHERE id = $1 AND version = $2")
                         .bind(id.0)
                         .bind(expected_version)
@@ -463,7 +482,7 @@ macro_rules! sql_store {
                     reason: Option<&str>,
                     event: &NewEvent,
                 ) -> Result<Machine, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let done = sqlx::query(
                         "UPDATE machines SET state = $1, state_reason = $2, updated_at = $3, version = version + 1 \
                          WHERE id = $4 AND state = $5 AND ($6 IS NULL OR version = $6)",
@@ -499,7 +518,7 @@ macro_rules! sql_store {
                     rows: &[(MachineId, MachineRecord)],
                     actor: &str,
                 ) -> Result<(), StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> =
                         rows.iter().map(|(id, r)| (*id, LifecycleState::Registered, r)).collect();
                     insert_machines(&mut tx, &with_state).await?;
@@ -626,9 +645,7 @@ macro_rules! sql_store {
                 }
 
                 async fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
-                    insert_events(&mut tx, &[event]).await?;
-                    tx.commit().await.map_err(backend)
+                    self.leases.write(crate::store::group_commit::WriteOp::Event(event.clone())).await.map(|_| ())
                 }
 
                 async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
@@ -636,7 +653,7 @@ macro_rules! sql_store {
                         return Ok(());
                     }
                     let all: Vec<&NewEvent> = events.iter().collect();
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     insert_events(&mut tx, &all).await?;
                     tx.commit().await.map_err(backend)
                 }
@@ -701,7 +718,7 @@ macro_rules! sql_store {
                     .bind(&t.hash)
                     .bind(now)
                     .bind(t.expires_at)
-                    .execute(&self.write)
+                    .execute(&mut *self.write_conn().await?.1)
                     .await
                     .map_err(backend)?;
                     Ok(TokenInfo {
@@ -746,7 +763,7 @@ macro_rules! sql_store {
                     let done = sqlx::query("UPDATE api_tokens SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
                         .bind(Utc::now())
                         .bind(id)
-                        .execute(&self.write)
+                        .execute(&mut *self.write_conn().await?.1)
                         .await
                         .map_err(backend)?;
                     Ok(done.rows_affected() > 0)
@@ -797,7 +814,7 @@ macro_rules! sql_store {
                 i64::from(u32::from(ip))
             }
 
-            /// Power-of-two pieces of `n` (at most `lease_writer::MAX_BATCH`), largest first: a
+            /// Power-of-two pieces of `n` (at most `group_commit::MAX_BATCH`), largest first: a
             /// batch's statements come in a few shapes only, so they stay in the statement cache.
             fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
                 let mut at = 0;
@@ -807,7 +824,7 @@ macro_rules! sql_store {
                         return None;
                     }
                     let size = 1 << (usize::BITS - 1 - left.leading_zeros());
-                    let size = size.min(crate::store::lease_writer::MAX_BATCH);
+                    let size = size.min(crate::store::group_commit::MAX_BATCH);
                     at += size;
                     Some(at - size..at)
                 })
@@ -879,22 +896,63 @@ macro_rules! sql_store {
                 Ok(claims.iter().map(|l| granted.contains(&ip_key(l.ip))).collect())
             }
 
-            /// The lease writer's batches: every op in one transaction, in queue order, one commit.
+            /// Write the pending run of claims.
+            async fn flush(tx: &mut Tx<'_>, run: &mut Vec<&Lease>, out: &mut Vec<bool>) -> Result<(), StoreError> {
+                if !run.is_empty() {
+                    out.extend(claim_run(tx, run).await?);
+                    run.clear();
+                }
+                Ok(())
+            }
+
+            /// Hand the open window of `id` the token of this boot; false when no window is open.
+            async fn window_token(tx: &mut Tx<'_>, id: MachineId, token_sha256: &str, now: chrono::DateTime<Utc>) -> Result<bool, StoreError> {
+                let r = sqlx::query(
+                    "UPDATE provision_windows SET token_sha256 = $1, token_minted_at = $2 \
+                     WHERE machine_id = $3 AND closed_at IS NULL AND expires_at > $2",
+                )
+                .bind(token_sha256)
+                .bind(now)
+                .bind(id.0)
+                .execute(&mut **tx)
+                .await
+                .map_err(backend)?;
+                Ok(r.rows_affected() == 1)
+            }
+
+            /// Record the config served to `id` (sealed).
+            async fn served_config(tx: &mut Tx<'_>, id: MachineId, served: &ServedConfig) -> Result<(), StoreError> {
+                sqlx::query(
+                    "INSERT INTO machine_configs (machine_id, served_config, served_sha256, served_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (machine_id) DO UPDATE SET served_config = excluded.served_config, \
+                     served_sha256 = excluded.served_sha256, served_at = excluded.served_at",
+                )
+                .bind(id.0)
+                .bind(&served.sealed)
+                .bind(&served.sha256)
+                .bind(served.at)
+                .execute(&mut **tx)
+                .await
+                .map_err(backend)?;
+                Ok(())
+            }
+
+            /// The group commit's batches: every op in one transaction, in queue order, one commit.
             /// Consecutive claims of distinct addresses by distinct MACs form a run written by a few
             /// multi-row statements; an `End`, or a second claim of one address or by one MAC in
             /// one subnet, starts the next run.
             pub(super) struct Batch(pub(super) sqlx::Pool<Db>);
 
             #[async_trait]
-            impl crate::store::lease_writer::LeaseBatch for Batch {
-                async fn apply(&self, ops: &[crate::store::lease_writer::LeaseOp]) -> Result<Vec<bool>, StoreError> {
-                    use crate::store::lease_writer::LeaseOp;
+            impl crate::store::group_commit::WriteBatch for Batch {
+                async fn apply(&self, ops: &[crate::store::group_commit::WriteOp]) -> Result<Vec<bool>, StoreError> {
+                    use crate::store::group_commit::WriteOp;
                     let mut tx = self.0.begin().await.map_err(backend)?;
                     let mut out = Vec::with_capacity(ops.len());
                     let mut run: Vec<&Lease> = Vec::new();
                     for (i, op) in ops.iter().enumerate() {
                         match op {
-                            LeaseOp::Claim(c) => {
+                            WriteOp::Claim(c) => {
                                 let l = &c.lease;
                                 if run.iter().any(|r| r.ip == l.ip || (r.mac == l.mac && r.subnet == l.subnet)) {
                                     out.extend(claim_run(&mut tx, &run).await?);
@@ -902,11 +960,8 @@ macro_rules! sql_store {
                                 }
                                 run.push(&c.lease);
                             }
-                            LeaseOp::End { ip, mac, state, expires_ms, now_ms } => {
-                                if !run.is_empty() {
-                                    out.extend(claim_run(&mut tx, &run).await?);
-                                    run.clear();
-                                }
+                            WriteOp::End { ip, mac, state, expires_ms, now_ms } => {
+                                flush(&mut tx, &mut run, &mut out).await?;
                                 let done = sqlx::query(
                                     "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 WHERE ip = $4 AND mac = $5",
                                 )
@@ -919,6 +974,21 @@ macro_rules! sql_store {
                                 .await
                                 .map_err(backend)?;
                                 out.push(done.rows_affected() > 0);
+                            }
+                            WriteOp::Event(event) => {
+                                flush(&mut tx, &mut run, &mut out).await?;
+                                insert_events(&mut tx, &[event]).await?;
+                                out.push(true);
+                            }
+                            WriteOp::WindowToken { id, token_sha256, now } => {
+                                flush(&mut tx, &mut run, &mut out).await?;
+                                out.push(window_token(&mut tx, *id, token_sha256, *now).await?);
+                            }
+                            WriteOp::Served { id, served, event } => {
+                                flush(&mut tx, &mut run, &mut out).await?;
+                                served_config(&mut tx, *id, served).await?;
+                                insert_events(&mut tx, &[event]).await?;
+                                out.push(true);
                             }
                         }
                         debug_assert!(out.len() + run.len() == i + 1);
@@ -934,7 +1004,7 @@ macro_rules! sql_store {
             #[async_trait]
             impl LeaseStore for $store {
                 async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
-                    self.leases.write(crate::store::lease_writer::LeaseOp::Claim(claim.clone())).await
+                    self.leases.write(crate::store::group_commit::WriteOp::Claim(claim.clone())).await
                 }
 
                 fn is_shared(&self) -> bool {
@@ -944,7 +1014,7 @@ macro_rules! sql_store {
                 async fn lease_by_ip(&self, ip: std::net::Ipv4Addr) -> Result<Option<Lease>, StoreError> {
                     let row = sqlx::query(&format!("SELECT {LEASE_COLS} FROM dhcp_leases WHERE ip = $1"))
                         .bind(i64::from(u32::from(ip)))
-                        .fetch_optional(&self.read)
+                        .fetch_optional(&self.lease_read)
                         .await
                         .map_err(backend)?;
                     row.as_ref().map(lease_row).transpose()
@@ -957,7 +1027,7 @@ macro_rules! sql_store {
                     ))
                     .bind(subnet)
                     .bind(mac.to_string())
-                    .fetch_optional(&self.read)
+                    .fetch_optional(&self.lease_read)
                     .await
                     .map_err(backend)?;
                     row.as_ref().map(lease_row).transpose()
@@ -972,7 +1042,7 @@ macro_rules! sql_store {
                     now_ms: i64,
                 ) -> Result<bool, StoreError> {
                     self.leases
-                        .write(crate::store::lease_writer::LeaseOp::End { ip, mac, state, expires_ms, now_ms })
+                        .write(crate::store::group_commit::WriteOp::End { ip, mac, state, expires_ms, now_ms })
                         .await
                 }
 
@@ -983,7 +1053,7 @@ macro_rules! sql_store {
                     )
                     .bind(subnet)
                     .bind(now_ms)
-                    .fetch_all(&self.read)
+                    .fetch_all(&self.lease_read)
                     .await
                     .map_err(backend)?;
                     Ok(rows.into_iter().filter_map(|i| u32::try_from(i).ok()).map(std::net::Ipv4Addr::from).collect())
@@ -994,7 +1064,7 @@ macro_rules! sql_store {
                         "SELECT {LEASE_COLS} FROM dhcp_leases WHERE mac = $1 ORDER BY updated_ms DESC"
                     ))
                     .bind(mac.to_string())
-                    .fetch_all(&self.read)
+                    .fetch_all(&self.lease_read)
                     .await
                     .map_err(backend)?;
                     rows.iter().map(lease_row).collect()
@@ -1003,7 +1073,7 @@ macro_rules! sql_store {
                 async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError> {
                     let row = sqlx::query("SELECT machine_id, ipv4 FROM interfaces WHERE mac = $1")
                         .bind(mac.to_string())
-                        .fetch_optional(&self.read)
+                        .fetch_optional(&self.lease_read)
                         .await
                         .map_err(backend)?;
                     let Some(r) = row else { return Ok(None) };
@@ -1016,7 +1086,7 @@ macro_rules! sql_store {
                     let n: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM interfaces WHERE ipv4 = $1 AND mac <> $2")
                         .bind(ip.to_string())
                         .bind(mac.to_string())
-                        .fetch_one(&self.read)
+                        .fetch_one(&self.lease_read)
                         .await
                         .map_err(backend)?;
                     Ok(n > 0)
@@ -1040,7 +1110,7 @@ macro_rules! sql_store {
                     .bind(ips[0].map(|ip| ip.to_string()))
                     .bind(ips[1].map(|ip| ip.to_string()))
                     .bind(subnet)
-                    .fetch_one(&self.read)
+                    .fetch_one(&self.lease_read)
                     .await
                     .map_err(backend)?;
                     let reserved: Option<String> = row.try_get("reserved_ip").map_err(backend)?;
@@ -1133,7 +1203,7 @@ macro_rules! sql_store {
                         MediaLocation::System => "system",
                         MediaLocation::Manager => "manager",
                     });
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     sqlx::query(&format!(
                         "INSERT INTO bmc_capabilities ({CAPS_COLS}) VALUES \
                          ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
@@ -1207,7 +1277,7 @@ macro_rules! sql_store {
             impl ConfigStore for $store {
                 async fn put_config_objects(&self, w: &ConfigWrite, events: &[NewEvent]) -> Result<(), StoreError> {
                     let now = Utc::now();
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     for c in &w.clusters {
                         let (cp, wk) = match &c.sealed_base {
                             Some((a, b)) => (Some(a.clone()), Some(b.clone())),
@@ -1346,25 +1416,14 @@ macro_rules! sql_store {
                 }
 
                 async fn record_served(&self, id: MachineId, served: &ServedConfig, event: &NewEvent) -> Result<(), StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
-                    sqlx::query(
-                        "INSERT INTO machine_configs (machine_id, served_config, served_sha256, served_at) VALUES ($1, $2, $3, $4) \
-                         ON CONFLICT (machine_id) DO UPDATE SET served_config = excluded.served_config, \
-                         served_sha256 = excluded.served_sha256, served_at = excluded.served_at",
-                    )
-                    .bind(id.0)
-                    .bind(&served.sealed)
-                    .bind(&served.sha256)
-                    .bind(served.at)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(backend)?;
-                    insert_events(&mut tx, &[event]).await?;
-                    tx.commit().await.map_err(backend)
+                    self.leases
+                        .write(crate::store::group_commit::WriteOp::Served { id, served: served.clone(), event: event.clone() })
+                        .await
+                        .map(|_| ())
                 }
 
                 async fn put_window(&self, w: &ProvisionWindow, event: &NewEvent) -> Result<(), StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     sqlx::query(&format!(
                         "INSERT INTO provision_windows ({WINDOW_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
                          ON CONFLICT (machine_id) DO UPDATE SET opened_at = excluded.opened_at, \
@@ -1398,21 +1457,13 @@ macro_rules! sql_store {
                 }
 
                 async fn set_window_token(&self, id: MachineId, token_sha256: &str, now: chrono::DateTime<Utc>) -> Result<bool, StoreError> {
-                    let r = sqlx::query(
-                        "UPDATE provision_windows SET token_sha256 = $1, token_minted_at = $2 \
-                         WHERE machine_id = $3 AND closed_at IS NULL AND expires_at > $2",
-                    )
-                    .bind(token_sha256)
-                    .bind(now)
-                    .bind(id.0)
-                    .execute(&self.write)
-                    .await
-                    .map_err(backend)?;
-                    Ok(r.rows_affected() == 1)
+                    self.leases
+                        .write(crate::store::group_commit::WriteOp::WindowToken { id, token_sha256: token_sha256.to_string(), now })
+                        .await
                 }
 
                 async fn close_window(&self, id: MachineId, now: chrono::DateTime<Utc>, reason: &str, event: &NewEvent) -> Result<bool, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let r = sqlx::query(
                         "UPDATE provision_windows SET closed_at = $1, close_reason = $2, token_sha256 = NULL \
                          WHERE machine_id = $3 AND closed_at IS NULL",
@@ -1477,7 +1528,7 @@ macro_rules! sql_store {
                 }
 
                 async fn start_reinstall(&self, r: &crate::service::workflow::Reinstall, event: &NewEvent) -> Result<bool, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let res = sqlx::query(&format!(
                         "INSERT INTO reinstalls ({REINSTALL_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
                          ON CONFLICT (machine_id) DO UPDATE SET stage = excluded.stage, stage_started_at = excluded.stage_started_at, \
@@ -1516,7 +1567,7 @@ macro_rules! sql_store {
                     from: crate::service::workflow::Stage,
                     event: &NewEvent,
                 ) -> Result<bool, StoreError> {
-                    let mut tx = self.write.begin().await.map_err(backend)?;
+                    let (_turn, mut tx) = self.begin_write().await?;
                     let res = sqlx::query(
                         "UPDATE reinstalls SET stage = $1, stage_started_at = $2, stage_deadline = $3, node_address = $4, \
                          finished_at = $5, error = $6 WHERE machine_id = $7 AND stage = $8",

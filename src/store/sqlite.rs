@@ -1,7 +1,9 @@
 //! SQLite store: one writer connection (SQLite serialises writers anyway; one connection avoids
 //! SQLITE_BUSY on lock upgrades) and a pool of readers, WAL journal, `synchronous=FULL` so that a
-//! committed write survives a crash or power loss, foreign keys on. DHCP lease writes go through
-//! the group-commit writer (`lease_writer`) on the writer connection: many leases, one fsync.
+//! committed write survives a crash or power loss, foreign keys on. DHCP lease writes and the
+//! small writes of every boot go through the group commit (`group_commit`) on the writer
+//! connection: many writes, one fsync. Other writers take turns (`writers`), so a lease commit
+//! waits behind at most one of them.
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -9,16 +11,27 @@ use std::time::Duration;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::Pool;
 
-use super::lease_writer::LeaseWriter;
+use super::group_commit::GroupCommit;
 use super::{backend, StoreOptions};
 use crate::service::StoreError;
+
+/// Connections of the DHCP readers' pool.
+const LEASE_READERS: u32 = 2;
 
 /// The SQLite implementation of `InventoryStore`.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     write: Pool<sqlx::Sqlite>,
     read: Pool<sqlx::Sqlite>,
-    leases: LeaseWriter,
+    /// Readers for DHCP's lease look-ups only: a DISCOVER never queues behind the boot scripts,
+    /// configs and API reads that share `read`.
+    lease_read: Pool<sqlx::Sqlite>,
+    /// Turns at the one writer connection for everything but DHCP's lease commits: those
+    /// writers take a turn here one at a time, so the group commit of leases (which takes no turn)
+    /// waits behind at most one of them instead of behind every script, config and timeline
+    /// write of a boot storm (each an fsync; an ACK waits for its lease's commit).
+    writers: std::sync::Arc<tokio::sync::Semaphore>,
+    leases: GroupCommit,
 }
 
 impl SqliteStore {
@@ -49,15 +62,26 @@ impl SqliteStore {
         let read = SqlitePoolOptions::new()
             .max_connections(opts.max_connections.max(1))
             .test_before_acquire(false)
-            .connect_with(connect.read_only(true))
+            .connect_with(connect.clone().read_only(true))
             .await
             .map_err(backend)?;
-        let leases = LeaseWriter::spawn(generated::Batch(write.clone()));
+        let lease_read = SqlitePoolOptions::new()
+            .max_connections(LEASE_READERS)
+            .test_before_acquire(false)
+            .connect_lazy_with(connect.read_only(true));
+        let leases = GroupCommit::spawn(generated::Batch(write.clone()));
         Ok(Self {
             write,
             read,
+            lease_read,
+            writers: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
             leases,
         })
+    }
+
+    /// A turn at the writer (see `writers`).
+    async fn write_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.writers.acquire().await.ok()
     }
 
     /// One process owns a SQLite file: no other instance allocates from its lease table.

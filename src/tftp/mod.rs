@@ -244,6 +244,9 @@ impl Front {
     }
 }
 
+/// Receive buffer of the server port.
+const REQUEST_BUFFER: usize = 4 << 20;
+
 /// Serve `root` on an already-bound socket until `shutdown`.
 pub async fn serve(
     socket: std::net::UdpSocket,
@@ -260,6 +263,11 @@ pub async fn serve(
         requests.clone(),
     );
     socket.set_nonblocking(true)?;
+    // A boot storm's read requests arrive together: room for thousands (the default buffer
+    // holds about a hundred), past net.core.rmem_max where the process may.
+    if rustix::net::sockopt::set_socket_recv_buffer_size_force(&socket, REQUEST_BUFFER).is_err() {
+        let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&socket, REQUEST_BUFFER);
+    }
     let socket = UdpSocket::from_std(socket)?;
     let front = Arc::new(Front {
         files: Files::new(&root)?,

@@ -605,3 +605,62 @@ async fn two_instances_on_postgres_never_share_an_address() {
     }
     db.drop_db().await;
 }
+
+/// On SQLite every write shares one connection; an ACK waits for its lease's commit. A lease
+/// commit queued behind a crowd of other writers (API writes, imports, state changes) goes ahead
+/// of them: at most the writer holding the connection and the next one finish first. (A
+/// current-thread runtime: every writer is queued before the claim is made.)
+#[tokio::test]
+async fn sqlite_lease_commits_go_ahead_of_queued_writers() {
+    let db = TestDb::new(Backend::Sqlite).await;
+    let st = store(&db).await;
+    const WRITERS: usize = 200;
+    let order = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
+    let mut tasks = Vec::new();
+    for n in 0..WRITERS {
+        let (st, order) = (st.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let token = plinth::service::NewToken {
+                id: uuid::Uuid::new_v4(),
+                name: format!("writer-{n}"),
+                role: plinth::service::ApiRole::Viewer,
+                hash: [
+                    *uuid::Uuid::new_v4().as_bytes(),
+                    *uuid::Uuid::new_v4().as_bytes(),
+                ]
+                .concat(),
+                expires_at: None,
+            };
+            st.create_token(&token).await.expect("token");
+            order.lock().expect("order").push("write");
+        }));
+    }
+    // Let every writer reach its queue.
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        order.lock().expect("order").len() < WRITERS / 2,
+        "the writers finished before the claim was made: nothing was queued"
+    );
+    assert!(st
+        .claim_lease(&claim(
+            "10.20.0.160",
+            "52:54:00:aa:00:01",
+            LeaseState::Bound
+        ))
+        .await
+        .expect("claim"));
+    order.lock().expect("order").push("lease");
+    for t in tasks {
+        t.await.expect("writer");
+    }
+    let order = order.lock().expect("order").clone();
+    let ahead = order.iter().position(|w| *w == "lease").expect("lease");
+    assert!(
+        ahead <= 3,
+        "{ahead} of {WRITERS} queued writes committed before the lease"
+    );
+    assert_eq!(order.len(), WRITERS + 1);
+    db.drop_db().await;
+}

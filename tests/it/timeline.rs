@@ -1,5 +1,6 @@
 //! The boot timeline's writer on both databases: a burst of steps lands whole, in order, as the
-//! machine's events, and `append_events` writes a batch in one transaction.
+//! machine's events, `append_events` writes a batch in one transaction, and steps known only by
+//! address follow the address to its new holder.
 
 use crate::support;
 
@@ -111,4 +112,111 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     db.drop_db().await;
 }
 
-both_backends!(a_burst_of_steps_lands_whole_and_in_order);
+/// Steps known only by address (TFTP, HTTP) belong to the machine holding that address: after an
+/// address passes to another machine, its steps are the new holder's from the new holder's ACK on,
+/// even while the writer still remembers the old holder.
+async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend) {
+    use plinth::service::{Lease, LeaseClaim, LeaseState};
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
+    let inv = Inventory::new(st.clone(), secrets);
+    let mut ids = Vec::new();
+    let macs: Vec<MacAddr> = ["52:54:00:7e:01:01", "52:54:00:7e:01:02"]
+        .iter()
+        .map(|m| m.parse().expect("mac"))
+        .collect();
+    for (n, mac) in macs.iter().enumerate() {
+        let m = inv
+            .create(
+                MachineSpec {
+                    hostname: Some(format!("tl-move-{n}")),
+                    interfaces: vec![Interface {
+                        mac: *mac,
+                        ipv4: None,
+                        boot: true,
+                        name: None,
+                    }],
+                    ..Default::default()
+                },
+                "test",
+            )
+            .await
+            .expect("create");
+        ids.push(m.id);
+    }
+    let ip: std::net::Ipv4Addr = "10.66.0.9".parse().expect("ip");
+    let lease = |mac: MacAddr| {
+        let now = chrono::Utc::now().timestamp_millis();
+        LeaseClaim {
+            lease: Lease {
+                ip,
+                subnet: "10.66.0.0/24".into(),
+                mac,
+                state: LeaseState::Bound,
+                expires_ms: now + 600_000,
+                hostname: None,
+                relay_circuit_id: None,
+                relay_remote_id: None,
+                giaddr: None,
+                updated_ms: now,
+            },
+        }
+    };
+    let stop = CancellationToken::new();
+    let timeline = Timeline::start(st.clone(), stop.clone());
+    let wait_for = |id, kind: &'static str, n: usize| {
+        let st = st.clone();
+        async move {
+            let start = Instant::now();
+            loop {
+                let ev = st
+                    .list_events(&kind_filter(id, kind))
+                    .await
+                    .expect("events");
+                if ev.len() >= n || start.elapsed() > Duration::from_secs(30) {
+                    return ev.len();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let step = |kind: &'static str, mac: Option<MacAddr>| Step {
+        kind,
+        mac,
+        ip: Some(ip),
+        detail: serde_json::json!({}),
+    };
+    // The first machine's lease and boot.
+    assert!(st.claim_lease(&lease(macs[0])).await.expect("claim"));
+    timeline.record(step("dhcp.ack", Some(macs[0])));
+    timeline.record(step("tftp.read", None));
+    assert_eq!(wait_for(ids[0], "tftp.read", 1).await, 1);
+    // The address expires and passes to the second machine, which boots from it.
+    let now = chrono::Utc::now().timestamp_millis();
+    st.end_lease(ip, macs[0], LeaseState::Expired, now, now)
+        .await
+        .expect("end");
+    assert!(st.claim_lease(&lease(macs[1])).await.expect("claim"));
+    timeline.record(step("dhcp.ack", Some(macs[1])));
+    timeline.record(step("tftp.read", None));
+    timeline.record(step("http.image", None));
+    assert_eq!(wait_for(ids[1], "http.image", 1).await, 1);
+    assert_eq!(wait_for(ids[1], "tftp.read", 1).await, 1);
+    assert_eq!(
+        st.list_events(&kind_filter(ids[0], "tftp.read"))
+            .await
+            .expect("events")
+            .len(),
+        1,
+        "the first machine keeps only its own step"
+    );
+    stop.cancel();
+    assert_eq!(timeline.dropped(), 0);
+    db.drop_db().await;
+}
+
+both_backends!(
+    a_burst_of_steps_lands_whole_and_in_order,
+    an_address_passing_to_another_machine_takes_its_steps_along
+);

@@ -1,7 +1,11 @@
-//! Group commit for DHCP lease writes. Every lease mutation (a claim, the end of a lease) is sent to
-//! one writer task per store; the task takes whatever is queued (up to `MAX_BATCH`), applies it in
-//! order inside one transaction, commits once, and only then answers each waiter. One fsync (or
-//! one PostgreSQL commit) covers many leases, and a claim's answer still means "committed".
+//! Group commit for the writes of a boot: DHCP lease mutations (a claim, the end of a lease) and
+//! the small writes every network boot makes (its boot-script event, the config token it is
+//! handed, the record of the config it fetched). Each is sent to one writer task per store; the
+//! task takes whatever is queued (up to `MAX_BATCH`), applies it in order inside one transaction,
+//! commits once, and only then answers each waiter. One fsync (or one PostgreSQL commit) covers
+//! many writes, and an answer still means "committed": an ACK still goes out only after its lease
+//! is durable. A boot storm of a thousand machines would otherwise queue several thousand
+//! single-write commits, an fsync each, on SQLite's one writer.
 //!
 //! Each claim inside the batch is the same conditional upsert it is alone, executed in queue order,
 //! so a batch behaves exactly like its claims run one after another: two claims of one address by
@@ -19,8 +23,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::domain::MacAddr;
-use crate::service::{LeaseClaim, LeaseState, StoreError};
+use crate::domain::{MacAddr, MachineId};
+use crate::service::{LeaseClaim, LeaseState, NewEvent, ServedConfig, StoreError};
 
 /// Most writes committed together. Bounds one transaction's time and the latency the first
 /// waiter of a batch pays for the others.
@@ -29,9 +33,23 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// Writes waiting for the writer; beyond it senders wait (back-pressure, not loss).
 const QUEUE: usize = 4096;
 
-/// One lease mutation.
+/// One write.
 #[derive(Clone, Debug)]
-pub(crate) enum LeaseOp {
+pub(crate) enum WriteOp {
+    /// `InventoryStore::append_event`.
+    Event(NewEvent),
+    /// `InventoryStore::set_window_token`.
+    WindowToken {
+        id: MachineId,
+        token_sha256: String,
+        now: chrono::DateTime<chrono::Utc>,
+    },
+    /// `InventoryStore::record_served`.
+    Served {
+        id: MachineId,
+        served: ServedConfig,
+        event: NewEvent,
+    },
     /// `LeaseStore::claim_lease`.
     Claim(LeaseClaim),
     /// `LeaseStore::end_lease`.
@@ -44,34 +62,34 @@ pub(crate) enum LeaseOp {
     },
 }
 
-/// Applies a batch of lease writes in one transaction: every op's result in order, or an error
+/// Applies a batch of writes in one transaction: every op's result in order, or an error
 /// and nothing kept.
 #[async_trait]
-pub(crate) trait LeaseBatch: Send + Sync + 'static {
-    async fn apply(&self, ops: &[LeaseOp]) -> Result<Vec<bool>, StoreError>;
+pub(crate) trait WriteBatch: Send + Sync + 'static {
+    async fn apply(&self, ops: &[WriteOp]) -> Result<Vec<bool>, StoreError>;
 }
 
 struct Job {
-    op: LeaseOp,
+    op: WriteOp,
     done: oneshot::Sender<Result<bool, StoreError>>,
 }
 
 /// The handle stores keep: send a write, wait for its committed result.
 #[derive(Clone, Debug)]
-pub(crate) struct LeaseWriter {
+pub(crate) struct GroupCommit {
     tx: mpsc::Sender<Job>,
 }
 
-impl LeaseWriter {
+impl GroupCommit {
     /// Start the writer task on the current Tokio runtime. It ends when every handle is dropped.
-    pub(crate) fn spawn(batch: impl LeaseBatch) -> Self {
+    pub(crate) fn spawn(batch: impl WriteBatch) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(run(Arc::new(batch), rx));
         Self { tx }
     }
 
     /// Queue `op` and wait until the transaction that holds it has committed.
-    pub(crate) async fn write(&self, op: LeaseOp) -> Result<bool, StoreError> {
+    pub(crate) async fn write(&self, op: WriteOp) -> Result<bool, StoreError> {
         let (done, rx) = oneshot::channel();
         self.tx
             .send(Job { op, done })
@@ -82,11 +100,11 @@ impl LeaseWriter {
     }
 }
 
-async fn run(batch: Arc<dyn LeaseBatch>, mut rx: mpsc::Receiver<Job>) {
+async fn run(batch: Arc<dyn WriteBatch>, mut rx: mpsc::Receiver<Job>) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     // Waits for the first write, then takes whatever else is already queued.
     while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
-        let ops: Vec<LeaseOp> = jobs.iter().map(|j| j.op.clone()).collect();
+        let ops: Vec<WriteOp> = jobs.iter().map(|j| j.op.clone()).collect();
         match batch.apply(&ops).await {
             Ok(results) if results.len() == jobs.len() => {
                 for (job, r) in jobs.drain(..).zip(results) {
@@ -135,8 +153,8 @@ mod tests {
     }
 
     #[async_trait]
-    impl LeaseBatch for Arc<Fake> {
-        async fn apply(&self, ops: &[LeaseOp]) -> Result<Vec<bool>, StoreError> {
+    impl WriteBatch for Arc<Fake> {
+        async fn apply(&self, ops: &[WriteOp]) -> Result<Vec<bool>, StoreError> {
             // The first batch waits for the test's signal so the rest pile up behind it.
             let _permit = self
                 .gate
@@ -146,19 +164,19 @@ mod tests {
             self.sizes.lock().expect("lock").push(ops.len());
             if ops
                 .iter()
-                .any(|o| matches!(o, LeaseOp::End { ip, .. } if ip.is_unspecified()))
+                .any(|o| matches!(o, WriteOp::End { ip, .. } if ip.is_unspecified()))
             {
                 return Err(StoreError::Backend("bad write".into()));
             }
             Ok(ops
                 .iter()
-                .map(|o| matches!(o, LeaseOp::End { ip, .. } if ip.octets()[3] % 2 == 0))
+                .map(|o| matches!(o, WriteOp::End { ip, .. } if ip.octets()[3] % 2 == 0))
                 .collect())
         }
     }
 
-    fn end(last: u8) -> LeaseOp {
-        LeaseOp::End {
+    fn end(last: u8) -> WriteOp {
+        WriteOp::End {
             ip: if last == 0 {
                 Ipv4Addr::UNSPECIFIED
             } else {
@@ -177,7 +195,7 @@ mod tests {
             sizes: Mutex::new(Vec::new()),
             gate: tokio::sync::Semaphore::new(0),
         });
-        let w = LeaseWriter::spawn(fake.clone());
+        let w = GroupCommit::spawn(fake.clone());
         // One write starts a batch and blocks in it; the next ones queue behind it.
         let first = tokio::spawn({
             let w = w.clone();
