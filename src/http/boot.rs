@@ -63,17 +63,17 @@ impl ImagesDoor {
     }
 }
 
-/// `scheme://host[:port][/path]` with the port replaced and the path dropped (the image door
-/// serves from its root).
+/// `http://` and the host of `scheme://host[:port][/path]` with the door's port: the image door
+/// speaks plain HTTP from its root, whatever proxy fronts the main port.
 fn with_port(url: &str, port: u16) -> String {
-    let (scheme, rest) = url.split_once("://").unwrap_or(("http", url));
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
     let authority = rest.split('/').next().unwrap_or(rest);
     let host = match authority.strip_prefix('[') {
         // An IPv6 literal: `[::1]:8080`.
         Some(v6) => format!("[{}]", v6.split(']').next().unwrap_or(v6)),
         None => authority.split(':').next().unwrap_or(authority).to_string(),
     };
-    format!("{scheme}://{host}:{port}")
+    format!("http://{host}:{port}")
 }
 
 fn base_url(s: &AppState, headers: &HeaderMap) -> String {
@@ -499,7 +499,7 @@ mod tests {
         assert_eq!(ImagesDoor::Main.base(main), main);
         assert_eq!(ImagesDoor::Port(8081).base(main), "http://10.0.0.1:8081");
         assert_eq!(
-            ImagesDoor::Port(8081).base("http://boot.example/plinth"),
+            ImagesDoor::Port(8081).base("https://boot.example/plinth"),
             "http://boot.example:8081"
         );
         assert_eq!(
