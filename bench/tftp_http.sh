@@ -10,7 +10,9 @@
 #   windowsize 16, on a 1 MiB and a 16 MiB file: MB/s of a single transfer.
 # HTTP (MB/s): a 100 MiB initramfs from Plinth's image cache (`plinth image import`) and from
 #   nginx (Debian defaults that matter: sendfile on, tcp_nopush on, one worker per core): one
-#   stream (curl in a loop), and 50 concurrent downloads (one wave of 50 curls).
+#   stream (curl in a loop), and 50 concurrent downloads (one wave of 50 curls). Plinth twice:
+#   its image door (`[boot].images_listen`, sendfile; the "plinth" line and the ratio) and the
+#   same file through the main port's hyper route ("plinth-hyper", buffered copies).
 # Boot scripts (requests/s): wrk, 64 connections, on the per-machine iPXE script of a machine
 #   declared with `plinth apply`: once in its provisioning window (the install script: config
 #   rendered and validated, a config token minted, an event written, per request) and once
@@ -114,6 +116,7 @@ key_file = "$WORK/secret.key"
 [boot]
 public_url = "http://$S_IP:8080"
 ipxe_dir = "$TFTP_DIR"
+images_listen = "$S_IP:8082"
 [tftp]
 enabled = true
 listen = "$S_IP:6969"
@@ -303,16 +306,17 @@ fi
 if want http; then
     size=$(stat -c %s "$WORK/initramfs")
     SUM=$(sha256sum <"$WORK/initramfs")
-    for srv in plinth nginx; do
-        port=8080; [ $srv = nginx ] && port=8081
+    declare -A HTTP_PORT=([plinth]=8082 [plinth-hyper]=8080 [nginx]=8081)
+    for srv in plinth plinth-hyper nginx; do
+        port=${HTTP_PORT[$srv]}
         [ "$(in_cli curl -sf "http://$S_IP:$port/$IMG_PATH" | sha256sum)" = "$SUM" ] || { echo "wrong bytes: $srv" >&2; exit 1; }
     done
     for conc in 1 50; do
         mode=loop; [ $conc -gt 1 ] && mode=once
         name="http 100MiB x$conc MB/s"
         for r in $(seq 1 "$ROUNDS"); do
-            for srv in plinth nginx; do
-                port=8080; [ $srv = nginx ] && port=8081
+            for srv in plinth plinth-hyper nginx; do
+                port=${HTTP_PORT[$srv]}
                 read -r ok fail el < <(in_cli python3 "$WORK/load.py" $mode $conc "$SECS" curl -sf -o /dev/null "http://$S_IP:$port/$IMG_PATH")
                 v=$(awk -v o="$ok" -v e="$el" -v s="$size" 'BEGIN {printf "%.1f", o*s/e/1e6}')
                 record "$name" "$srv" "$v" "$fail"
@@ -371,11 +375,12 @@ if tftp:
     print()
 http = [c for c in vals if c.startswith("http")]
 if http:
-    print("| HTTP case | Plinth | nginx | Plinth / nginx |")
-    print("|---|---:|---:|---:|")
+    print("| HTTP case | Plinth image door (sendfile) | Plinth main port (hyper) | nginx | door / nginx | hyper / nginx |")
+    print("|---|---:|---:|---:|---:|---:|")
     for c in http:
-        p, n = med(c, "plinth"), med(c, "nginx")
-        print("| %s | %s | %s | %.2f |" % (c[5:], cell(c, "plinth"), cell(c, "nginx"), p / n if n else float("nan")))
+        p, h, n = med(c, "plinth"), med(c, "plinth-hyper"), med(c, "nginx")
+        ratio = lambda x: "%.2f" % (x / n) if n and x is not None else "-"
+        print("| %s | %s | %s | %s | %s | %s |" % (c[5:], cell(c, "plinth"), cell(c, "plinth-hyper"), cell(c, "nginx"), ratio(p), ratio(h)))
     print()
 if "wrk script" in vals:
     print("| wrk -c64, per-machine iPXE script | requests/s |")

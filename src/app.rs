@@ -26,6 +26,8 @@ pub struct Running {
     pub dhcp: Vec<String>,
     /// Where TFTP listens, when on.
     pub tftp_addr: Option<SocketAddr>,
+    /// Where the image door (`/images/` with sendfile) listens, when on.
+    pub images_addr: Option<SocketAddr>,
     /// Architectures the iPXE binaries found can boot (e.g. `bios`, `uefi-x86_64`).
     pub bootable: Vec<String>,
     /// Cancel to shut everything down.
@@ -228,6 +230,18 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         .await
         .with_context(|| format!("cannot listen on {} (http.listen)", config.http_listen))?;
     let http_addr = listener.local_addr()?;
+    let images_listener = match config.images_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on {a} (boot.images_listen)"))?,
+        ),
+        None => None,
+    };
+    let images_addr = match &images_listener {
+        Some(l) => Some(l.local_addr()?),
+        None => None,
+    };
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
@@ -328,8 +342,22 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
                 )?),
                 None => None,
             },
+            images_door: match (&config.images_url, images_addr) {
+                (Some(u), _) => http::ImagesDoor::Url(u.clone()),
+                (None, Some(a)) => http::ImagesDoor::Port(a.port()),
+                (None, None) => http::ImagesDoor::Main,
+            },
         }),
     };
+    if let Some(l) = images_listener {
+        let (st, stop) = (state.clone(), shutdown.clone());
+        let limits = http::images_listener::Limits::default();
+        tasks.spawn(async move {
+            http::images_listener::serve(l, st, limits, stop)
+                .await
+                .context("image door")
+        });
+    }
     let router = http::router(state);
     let stop = shutdown.clone();
     tasks.spawn(async move {
@@ -345,6 +373,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         http_addr,
         dhcp,
         tftp_addr,
+        images_addr,
         bootable,
         shutdown,
         tasks,

@@ -125,6 +125,12 @@ pub struct RawBoot {
     /// Directory with the iPXE binaries (`undionly.kpxe`, `ipxe.efi`, `snponly.efi`, `ipxe-arm64.efi`);
     /// default `<data_dir>/ipxe`, filled by `ipxe/fetch.sh`.
     pub ipxe_dir: Option<PathBuf>,
+    /// `IP:PORT` of the image door, a second HTTP listener that serves `/images/` with sendfile;
+    /// when set, install plans fetch kernel and initramfs from it. Off by default.
+    pub images_listen: Option<String>,
+    /// How booting machines reach the image door, e.g. `http://10.0.0.1:8081`; default: the host
+    /// of `public_url` (or of each request) with the port of `images_listen`.
+    pub images_url: Option<String>,
 }
 
 /// `[tftp]`.
@@ -289,6 +295,10 @@ pub struct Config {
     pub boot_public_url: Option<String>,
     /// iPXE binaries directory.
     pub ipxe_dir: PathBuf,
+    /// The image door's listen address (`[boot].images_listen`), when on.
+    pub images_listen: Option<SocketAddr>,
+    /// The image door's URL for booting machines (`[boot].images_url`).
+    pub images_url: Option<String>,
     /// TFTP, when enabled.
     pub tftp: Option<TftpConfig>,
     /// Talos JSON schemas (`[talos].schema_dir`).
@@ -605,6 +615,35 @@ impl RawConfig {
         }
         let dhcp = raw_dhcp.validate()?;
         let ipxe_dir = self.boot.ipxe_dir.unwrap_or_else(|| data_dir.join("ipxe"));
+        let images_listen = match &self.boot.images_listen {
+            Some(a) => Some(parse_addr("boot.images_listen", a)?),
+            None => None,
+        };
+        if images_listen.is_some_and(|a| a.port() != 0 && a == http_listen) {
+            return Err(ConfigError::new(
+                "boot.images_listen",
+                format!("`{http_listen}` is http.listen already; give the image door its own port, e.g. 8081"),
+            ));
+        }
+        let images_url = self
+            .boot
+            .images_url
+            .map(|u| u.trim_end_matches('/').to_string());
+        match (&images_url, images_listen) {
+            (Some(u), _) if !u.starts_with("http://") => {
+                return Err(ConfigError::new(
+                    "boot.images_url",
+                    format!("`{u}` must start with http:// (the image door speaks plain HTTP)"),
+                ));
+            }
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "boot.images_url",
+                    "is the URL of the image door: set boot.images_listen too, or remove it",
+                ));
+            }
+            _ => {}
+        }
         let tftp = if self.tftp.enabled.unwrap_or(false) {
             let listen = parse_addr(
                 "tftp.listen",
@@ -713,6 +752,8 @@ impl RawConfig {
             dhcp,
             boot_public_url,
             ipxe_dir,
+            images_listen,
+            images_url,
             tftp,
             data_dir,
             database_url: url,
@@ -831,6 +872,44 @@ mod tests {
                 .validate(&Overrides::default())
                 .expect_err(bad);
             assert_eq!(e.key, "dhcp.subnet[1].server_ip", "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn image_door_keys() {
+        let v = |toml: &str| {
+            RawConfig::parse(toml)
+                .expect("parses")
+                .validate(&Overrides::default())
+        };
+        let c = v("[boot]\nimages_listen = \"0.0.0.0:8081\"\n").expect("valid");
+        assert_eq!(c.images_listen, Some("0.0.0.0:8081".parse().expect("addr")));
+        assert_eq!(c.images_url, None);
+        let c = v(
+            "[boot]\nimages_listen = \"0.0.0.0:8081\"\nimages_url = \"http://10.0.0.1:8081/\"\n",
+        )
+        .expect("valid");
+        assert_eq!(c.images_url.as_deref(), Some("http://10.0.0.1:8081"));
+        assert_eq!(v("").expect("valid").images_listen, None);
+        for (toml, key) in [
+            (
+                "[boot]\nimages_listen = \"0.0.0.0\"\n",
+                "boot.images_listen",
+            ),
+            (
+                "[boot]\nimages_listen = \"0.0.0.0:8080\"\n",
+                "boot.images_listen",
+            ),
+            (
+                "[boot]\nimages_url = \"http://10.0.0.1:8081\"\n",
+                "boot.images_url",
+            ),
+            (
+                "[boot]\nimages_listen = \"0.0.0.0:8081\"\nimages_url = \"ftp://x\"\n",
+                "boot.images_url",
+            ),
+        ] {
+            assert_eq!(v(toml).expect_err(toml).key, key, "{toml}");
         }
     }
 

@@ -55,6 +55,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let tftp = running
                 .tftp_addr
                 .map_or_else(|| "off".to_string(), |a| a.to_string());
+            let images = running
+                .images_addr
+                .map_or_else(|| "off".to_string(), |a| format!("http://{a}/images/"));
             let boots = if running.bootable.is_empty() {
                 format!("none (no iPXE binaries in {})", config.ipxe_dir.display())
             } else {
@@ -62,7 +65,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             };
             eprintln!(
                 "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics, /boot.ipxe); database {}; \
-                 DHCP {dhcp}; TFTP {tftp}; network-boots {boots}",
+                 DHCP {dhcp}; TFTP {tftp}; image door {images}; network-boots {boots}",
                 plinth::store::redact_url(&config.database_url)
             );
             tracing::info!(http = %addr, "plinth started");

@@ -35,6 +35,45 @@ pub struct BootSettings {
     pub images: ImageCache,
     /// On-demand downloads from an Image Factory, when configured.
     pub puller: Option<crate::images::ImagePuller>,
+    /// Where install plans point kernel and initramfs URLs (`http://10.0.0.1:8081`), when the
+    /// sendfile image door is on: `[boot].images_url`, or the base URL with the door's port.
+    pub images_door: ImagesDoor,
+}
+
+/// Where machines fetch images from.
+#[derive(Clone, Debug, Default)]
+pub enum ImagesDoor {
+    /// This HTTP front door (the base URL).
+    #[default]
+    Main,
+    /// The image door on this port of the base URL's host.
+    Port(u16),
+    /// The image door at this URL.
+    Url(String),
+}
+
+impl ImagesDoor {
+    /// The base URL of `/images/..` given this front door's base URL.
+    pub fn base(&self, main: &str) -> String {
+        match self {
+            ImagesDoor::Main => main.to_string(),
+            ImagesDoor::Url(u) => u.trim_end_matches('/').to_string(),
+            ImagesDoor::Port(port) => with_port(main, *port),
+        }
+    }
+}
+
+/// `http://` and the host of `scheme://host[:port][/path]` with the door's port: the image door
+/// speaks plain HTTP from its root, whatever proxy fronts the main port.
+fn with_port(url: &str, port: u16) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let host = match authority.strip_prefix('[') {
+        // An IPv6 literal: `[::1]:8080`.
+        Some(v6) => format!("[{}]", v6.split(']').next().unwrap_or(v6)),
+        None => authority.split(':').next().unwrap_or(authority).to_string(),
+    };
+    format!("http://{host}:{port}")
 }
 
 fn base_url(s: &AppState, headers: &HeaderMap) -> String {
@@ -211,8 +250,10 @@ async fn install_assets(
         }
     }
     let images = format!(
-        "{base}/images/{}/{}",
-        ticket.schematic_id, ticket.talos_version
+        "{}/images/{}/{}",
+        s.boot.images_door.base(base),
+        ticket.schematic_id,
+        ticket.talos_version
     );
     Ok(Some(InstallAssets {
         kernel_url: format!("{images}/{kernel}"),
@@ -355,6 +396,78 @@ pub async fn ipxe_binary(
     }
 }
 
+/// The image cache's route, as metrics label it (on either door).
+pub(crate) const IMAGE_ROUTE: &str = "/images/{schematic}/{version}/{file}";
+
+/// One request for a file of the image cache.
+pub(crate) struct ImageRequest<'a> {
+    /// Schematic id.
+    pub schematic: &'a str,
+    /// Talos version.
+    pub version: &'a str,
+    /// File name (`kernel-amd64`, `initramfs-amd64.xz`).
+    pub file: &'a str,
+    /// Who asks.
+    pub peer: std::net::IpAddr,
+    /// A `GET` of the whole file (not `HEAD`, not a `Range`): a boot step on the timeline.
+    pub whole_get: bool,
+}
+
+/// Resolve an image request to a cached file and its digest (hex SHA-256, when recorded). A file
+/// the cache lacks is pulled first, once for everyone asking, when a factory is configured and a
+/// declared cluster uses that schematic and version: a request alone cannot make Plinth fetch
+/// anything. Records the `http.image` timeline step of whole downloads. Both image doors (the
+/// hyper route and the sendfile listener) answer through this one function.
+pub(crate) async fn resolve_image(
+    s: &AppState,
+    r: &ImageRequest<'_>,
+) -> Result<(PathBuf, Option<String>), StatusCode> {
+    if r.whole_get {
+        if let std::net::IpAddr::V4(ip) = r.peer {
+            s.timeline.record(crate::service::timeline::Step {
+                kind: "http.image",
+                mac: None,
+                ip: Some(ip),
+                detail: serde_json::json!({"file": r.file, "version": r.version, "schematic": r.schematic}),
+            });
+        }
+    }
+    let cached = |s: &AppState| match s.boot.images.path(r.schematic, r.version, r.file) {
+        Ok(Some(p)) => {
+            let digest = s.boot.images.digest(&p);
+            Ok(Some((p, digest)))
+        }
+        Ok(None) => Ok(None),
+        Err(_) => Err(StatusCode::NOT_FOUND),
+    };
+    if let Some(found) = cached(s)? {
+        return Ok(found);
+    }
+    // Not cached: with a factory configured, fetch it once for everyone asking.
+    let Some(puller) = &s.boot.puller else {
+        return Err(StatusCode::NOT_FOUND);
+    };
+    // Only images a declared cluster uses.
+    let wanted = match s.configs.sources().await {
+        Ok(src) => src
+            .clusters
+            .values()
+            .any(|c| c.spec.schematic_id == r.schematic && c.spec.talos_version == r.version),
+        Err(_) => false,
+    };
+    if !wanted {
+        return Err(StatusCode::NOT_FOUND);
+    }
+    match puller.ensure(r.schematic, r.version, r.file, None).await {
+        Ok(_) => cached(s)?.ok_or(StatusCode::NOT_FOUND),
+        Err(crate::images::PullError::Refused { .. }) => Err(StatusCode::NOT_FOUND),
+        Err(e) => {
+            tracing::warn!(error = %e, "image pull failed");
+            Err(StatusCode::BAD_GATEWAY)
+        }
+    }
+}
+
 /// `GET|HEAD /images/{schematic}/{version}/{file}`.
 pub async fn image(
     State(s): State<AppState>,
@@ -363,54 +476,39 @@ pub async fn image(
     method: Method,
     headers: HeaderMap,
 ) -> Response {
-    if method == Method::GET && !headers.contains_key(header::RANGE) {
-        if let std::net::IpAddr::V4(ip) = peer.ip() {
-            s.timeline.record(crate::service::timeline::Step {
-                kind: "http.image",
-                mac: None,
-                ip: Some(ip),
-                detail: serde_json::json!({"file": file, "version": version, "schematic": schematic}),
-            });
-        }
+    let r = ImageRequest {
+        schematic: &schematic,
+        version: &version,
+        file: &file,
+        peer: peer.ip(),
+        whole_get: method == Method::GET && !headers.contains_key(header::RANGE),
+    };
+    match resolve_image(&s, &r).await {
+        Ok((p, digest)) => super::files::serve_file(&p, digest, &method, &headers).await,
+        Err(status) => status.into_response(),
     }
-    match s.boot.images.path(&schematic, &version, &file) {
-        Ok(Some(p)) => {
-            let digest = s.boot.images.digest(&p);
-            super::files::serve_file(&p, digest, &method, &headers).await
-        }
-        Ok(None) => {
-            // Not cached: with a factory configured, fetch it once for everyone asking.
-            let Some(puller) = &s.boot.puller else {
-                return StatusCode::NOT_FOUND.into_response();
-            };
-            // Only images a declared cluster uses: a request cannot make Plinth fetch anything.
-            let wanted = match s.configs.sources().await {
-                Ok(src) => src
-                    .clusters
-                    .values()
-                    .any(|c| c.spec.schematic_id == schematic && c.spec.talos_version == version),
-                Err(_) => false,
-            };
-            if !wanted {
-                return StatusCode::NOT_FOUND.into_response();
-            }
-            match puller.ensure(&schematic, &version, &file, None).await {
-                Ok(_) => match s.boot.images.path(&schematic, &version, &file) {
-                    Ok(Some(p)) => {
-                        let digest = s.boot.images.digest(&p);
-                        super::files::serve_file(&p, digest, &method, &headers).await
-                    }
-                    _ => StatusCode::NOT_FOUND.into_response(),
-                },
-                Err(crate::images::PullError::Refused { .. }) => {
-                    StatusCode::NOT_FOUND.into_response()
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "image pull failed");
-                    StatusCode::BAD_GATEWAY.into_response()
-                }
-            }
-        }
-        Err(_) => StatusCode::NOT_FOUND.into_response(),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn image_door_urls() {
+        let main = "http://10.0.0.1:8080";
+        assert_eq!(ImagesDoor::Main.base(main), main);
+        assert_eq!(ImagesDoor::Port(8081).base(main), "http://10.0.0.1:8081");
+        assert_eq!(
+            ImagesDoor::Port(8081).base("https://boot.example/plinth"),
+            "http://boot.example:8081"
+        );
+        assert_eq!(
+            ImagesDoor::Port(81).base("http://[fd00::1]:8080"),
+            "http://[fd00::1]:81"
+        );
+        assert_eq!(
+            ImagesDoor::Url("http://10.0.0.2:9000/".into()).base(main),
+            "http://10.0.0.2:9000"
+        );
     }
 }

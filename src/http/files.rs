@@ -1,11 +1,14 @@
 //! Serving large files (kernels, initramfs, iPXE binaries) from disk: streamed, never loaded whole,
 //! with `HEAD`, single `Range` requests (RFC 9110 section 14), `ETag` / `If-None-Match` and exact
-//! lengths.
+//! lengths. [`answer`] decides the status and headers of a file response from the file's length,
+//! time and digest and the request's conditions; both the hyper routes here and the sendfile image
+//! door (`images_listener`) encode that one decision, so their answers cannot drift apart.
 
 use std::path::Path;
+use std::time::SystemTime;
 
 use axum::body::Body;
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use std::future::Future;
 
@@ -39,37 +42,52 @@ fn byte_range(h: &str, len: u64) -> Option<Result<(u64, u64), ()>> {
     Some(Ok(r))
 }
 
-fn etag_matches(headers: &HeaderMap, etag: &str) -> bool {
-    headers
-        .get(header::IF_NONE_MATCH)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| {
-            v.split(',').any(|t| {
-                t.trim() == etag || t.trim() == "*" || t.trim().trim_start_matches("W/") == etag
-            })
-        })
+/// Does an `If-None-Match` value name `etag` (RFC 9110 section 13.1.2: weak comparison)?
+fn etag_matches(if_none_match: &str, etag: &str) -> bool {
+    if_none_match.split(',').any(|t| {
+        let t = t.trim();
+        t == etag || t == "*" || t.trim_start_matches("W/") == etag
+    })
 }
 
-/// Serve `path`. `digest` (hex SHA-256), when known, makes the ETag.
-pub async fn serve_file(
-    path: &Path,
-    digest: Option<String>,
-    method: &Method,
-    headers: &HeaderMap,
-) -> Response {
-    let owned = path.to_path_buf();
-    let opened = tokio::task::spawn_blocking(move || {
-        let f = std::fs::File::open(owned)?;
-        let m = f.metadata()?;
-        Ok::<_, std::io::Error>((f, m))
-    })
-    .await;
-    let (file, meta) = match opened {
-        Ok(Ok((f, m))) if m.is_file() => (f, m),
-        _ => return StatusCode::NOT_FOUND.into_response(),
-    };
-    let len = meta.len();
-    let mtime = meta.modified().ok();
+/// What a request asks of a file: the parts of its head that change the answer.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Conditions<'a> {
+    /// `HEAD`: headers only.
+    pub head: bool,
+    /// The `If-None-Match` header.
+    pub if_none_match: Option<&'a str>,
+    /// The `Range` header.
+    pub range: Option<&'a str>,
+}
+
+/// The answer to a file request: status, headers, and which bytes the body carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FileAnswer {
+    /// 200, 206, 304 or 416.
+    pub status: StatusCode,
+    /// `ETag`.
+    pub etag: String,
+    /// `Last-Modified` (an IMF-fixdate), when the file system has a time.
+    pub last_modified: Option<String>,
+    /// `Content-Range` (206 and 416).
+    pub content_range: Option<String>,
+    /// `Content-Length` (200 and 206; `None` for 304, whose length is the 200's).
+    pub content_length: Option<u64>,
+    /// First byte of the body.
+    pub start: u64,
+    /// Bytes in the body (0 for HEAD, 304 and 416).
+    pub body_len: u64,
+}
+
+/// Decide the answer for a file of `len` bytes modified at `mtime`. `digest` (hex SHA-256), when
+/// known, makes the ETag; otherwise length and time do.
+pub(crate) fn answer(
+    len: u64,
+    mtime: Option<SystemTime>,
+    digest: Option<&str>,
+    c: Conditions<'_>,
+) -> FileAnswer {
     let etag = match digest {
         Some(d) => format!("\"sha256-{d}\""),
         None => {
@@ -79,44 +97,98 @@ pub async fn serve_file(
             format!("\"{len:x}-{secs:x}\"")
         }
     };
-    let mut base = Response::builder()
-        .header(header::ETAG, etag.clone())
-        .header(header::ACCEPT_RANGES, "bytes")
-        .header(header::CONTENT_TYPE, "application/octet-stream");
-    if let Some(t) = mtime {
-        base = base.header(header::LAST_MODIFIED, httpdate(t));
+    let mut a = FileAnswer {
+        status: StatusCode::OK,
+        etag,
+        last_modified: mtime.map(httpdate),
+        content_range: None,
+        content_length: None,
+        start: 0,
+        body_len: 0,
+    };
+    if c.if_none_match.is_some_and(|v| etag_matches(v, &a.etag)) {
+        a.status = StatusCode::NOT_MODIFIED;
+        return a;
     }
-    if etag_matches(headers, &etag) {
-        return base
-            .status(StatusCode::NOT_MODIFIED)
-            .body(Body::empty())
-            .unwrap_or_default();
-    }
-    let range = headers
-        .get(header::RANGE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|h| byte_range(h, len));
-    let (status, start, end) = match range {
-        None => (StatusCode::OK, 0, len.saturating_sub(1)),
-        Some(Ok((s, e))) => (StatusCode::PARTIAL_CONTENT, s, e),
+    let (start, end) = match c.range.and_then(|h| byte_range(h, len)) {
+        None => (0, len.saturating_sub(1)),
+        Some(Ok((s, e))) => {
+            a.status = StatusCode::PARTIAL_CONTENT;
+            a.content_range = Some(format!("bytes {s}-{e}/{len}"));
+            (s, e)
+        }
         Some(Err(())) => {
-            return base
-                .status(StatusCode::RANGE_NOT_SATISFIABLE)
-                .header(header::CONTENT_RANGE, format!("bytes */{len}"))
-                .body(Body::empty())
-                .unwrap_or_default();
+            a.status = StatusCode::RANGE_NOT_SATISFIABLE;
+            a.content_range = Some(format!("bytes */{len}"));
+            a.content_length = Some(0);
+            return a;
         }
     };
     let count = if len == 0 { 0 } else { end - start + 1 };
-    let mut b = base.status(status).header(header::CONTENT_LENGTH, count);
-    if status == StatusCode::PARTIAL_CONTENT {
-        b = b.header(header::CONTENT_RANGE, format!("bytes {start}-{end}/{len}"));
+    a.content_length = Some(count);
+    a.start = start;
+    a.body_len = if c.head { 0 } else { count };
+    a
+}
+
+/// Open `path` for serving (on the blocking pool): the file and its metadata, or `None` when it
+/// is missing or not a regular file.
+pub(crate) async fn open(path: &Path) -> Option<(std::fs::File, std::fs::Metadata)> {
+    let owned = path.to_path_buf();
+    let opened = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::open(owned)?;
+        let m = f.metadata()?;
+        Ok::<_, std::io::Error>((f, m))
+    })
+    .await;
+    match opened {
+        Ok(Ok((f, m))) if m.is_file() => Some((f, m)),
+        _ => None,
     }
-    if method == Method::HEAD {
+}
+
+/// Serve `path`. `digest` (hex SHA-256), when known, makes the ETag.
+pub async fn serve_file(
+    path: &Path,
+    digest: Option<String>,
+    method: &Method,
+    headers: &HeaderMap,
+) -> Response {
+    let Some((file, meta)) = open(path).await else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let text = |h: header::HeaderName| headers.get(h).and_then(|v| v.to_str().ok());
+    let a = answer(
+        meta.len(),
+        meta.modified().ok(),
+        digest.as_deref(),
+        Conditions {
+            head: method == Method::HEAD,
+            if_none_match: text(header::IF_NONE_MATCH),
+            range: text(header::RANGE),
+        },
+    );
+    let mut b = Response::builder()
+        .status(a.status)
+        .header(header::ETAG, a.etag.as_str())
+        .header(header::ACCEPT_RANGES, "bytes")
+        .header(header::CONTENT_TYPE, "application/octet-stream");
+    if let Some(t) = &a.last_modified {
+        b = b.header(header::LAST_MODIFIED, t.as_str());
+    }
+    if let Some(r) = &a.content_range {
+        b = b.header(header::CONTENT_RANGE, r.as_str());
+    }
+    if let Some(n) = a.content_length {
+        b = b.header(header::CONTENT_LENGTH, n);
+    }
+    if a.body_len == 0 {
         return b.body(Body::empty()).unwrap_or_default();
     }
-    b.body(Body::from_stream(FileChunks::new(file, start, count)))
-        .unwrap_or_default()
+    b.body(Body::from_stream(FileChunks::new(
+        file, a.start, a.body_len,
+    )))
+    .unwrap_or_default()
 }
 
 /// A chunk read: the file (to read the next chunk from) and the bytes.
@@ -199,10 +271,10 @@ impl futures::Stream for FileChunks {
     }
 }
 
-fn httpdate(t: std::time::SystemTime) -> HeaderValue {
+/// An IMF-fixdate (RFC 9110 section 5.6.7), e.g. `Sun, 06 Nov 1994 08:49:37 GMT`.
+pub(crate) fn httpdate(t: SystemTime) -> String {
     let dt: chrono::DateTime<chrono::Utc> = t.into();
-    HeaderValue::from_str(&dt.format("%a, %d %b %Y %H:%M:%S GMT").to_string())
-        .unwrap_or(HeaderValue::from_static(""))
+    dt.format("%a, %d %b %Y %H:%M:%S GMT").to_string()
 }
 
 #[cfg(test)]
@@ -220,5 +292,80 @@ mod tests {
         assert_eq!(byte_range("bytes=0-1,5-6", 100), None);
         assert_eq!(byte_range("items=0-1", 100), None);
         assert_eq!(byte_range("bytes=x-1", 100), None);
+    }
+
+    #[test]
+    fn answers() {
+        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(784111777);
+        let c = Conditions::default();
+        let a = answer(100, Some(t), Some("ab"), c);
+        assert_eq!(a.status, StatusCode::OK);
+        assert_eq!(a.etag, "\"sha256-ab\"");
+        assert_eq!(
+            a.last_modified.as_deref(),
+            Some("Sun, 06 Nov 1994 08:49:37 GMT")
+        );
+        assert_eq!((a.start, a.body_len, a.content_length), (0, 100, Some(100)));
+        let head = answer(100, Some(t), None, Conditions { head: true, ..c });
+        assert_eq!((head.body_len, head.content_length), (0, Some(100)));
+        assert!(head.etag.starts_with("\"64-"), "{}", head.etag);
+        let r = answer(
+            100,
+            None,
+            None,
+            Conditions {
+                range: Some("bytes=10-19"),
+                ..c
+            },
+        );
+        assert_eq!(r.status, StatusCode::PARTIAL_CONTENT);
+        assert_eq!(r.content_range.as_deref(), Some("bytes 10-19/100"));
+        assert_eq!((r.start, r.body_len, r.content_length), (10, 10, Some(10)));
+        let bad = answer(
+            100,
+            None,
+            None,
+            Conditions {
+                range: Some("bytes=100-"),
+                ..c
+            },
+        );
+        assert_eq!(bad.status, StatusCode::RANGE_NOT_SATISFIABLE);
+        assert_eq!(bad.content_range.as_deref(), Some("bytes */100"));
+        assert_eq!(bad.body_len, 0);
+        for inm in [
+            "\"sha256-ab\"",
+            "W/\"sha256-ab\"",
+            "\"x\", \"sha256-ab\"",
+            "*",
+        ] {
+            let nm = answer(
+                100,
+                None,
+                Some("ab"),
+                Conditions {
+                    if_none_match: Some(inm),
+                    range: Some("bytes=0-0"),
+                    ..c
+                },
+            );
+            assert_eq!(nm.status, StatusCode::NOT_MODIFIED, "{inm}");
+            assert_eq!((nm.body_len, nm.content_length), (0, None));
+        }
+        let other = answer(
+            100,
+            None,
+            Some("ab"),
+            Conditions {
+                if_none_match: Some("\"sha256-cd\""),
+                ..c
+            },
+        );
+        assert_eq!(other.status, StatusCode::OK);
+        let empty = answer(0, None, None, c);
+        assert_eq!(
+            (empty.status, empty.body_len, empty.content_length),
+            (StatusCode::OK, 0, Some(0))
+        );
     }
 }

@@ -19,17 +19,28 @@ pub async fn track(State(s): State<AppState>, req: Request, next: Next) -> Respo
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
     let resp = next.run(req).await;
+    observe(&s.metrics, method, route, resp.status().as_u16(), start);
+    resp
+}
+
+/// Count one answered request and its latency (the hyper routes and the image door alike).
+pub(crate) fn observe(
+    metrics: &crate::metrics::Metrics,
+    method: String,
+    route: String,
+    status: u16,
+    start: Instant,
+) {
     let labels = RequestLabels {
         method,
         route,
-        status: resp.status().as_u16(),
+        status,
     };
-    s.metrics.requests.get_or_create(&labels).inc();
-    s.metrics
+    metrics.requests.get_or_create(&labels).inc();
+    metrics
         .latency
         .get_or_create(&labels)
         .observe(start.elapsed().as_secs_f64());
-    resp
 }
 
 /// `GET /metrics`.

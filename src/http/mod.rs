@@ -8,6 +8,7 @@ mod configs;
 pub mod error;
 pub mod extract;
 mod files;
+pub mod images_listener;
 mod machines;
 pub mod metrics;
 mod openapi;
@@ -49,7 +50,7 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
 }
 
-pub use boot::BootSettings;
+pub use boot::{BootSettings, ImagesDoor};
 
 /// The whole HTTP application.
 pub fn router(state: AppState) -> Router {

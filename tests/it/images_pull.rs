@@ -192,7 +192,7 @@ async fn cli_pull_verifies_and_keeps_what_is_cached() {
 async fn on_demand_pull_is_single_flight() {
     let (url, f, h) = factory().await;
     let extra = format!(
-        "[talos]\nschema_dir = \"{}\"\n[images]\nfactory_url = \"{url}\"\n",
+        "[talos]\nschema_dir = \"{}\"\n[images]\nfactory_url = \"{url}\"\n[boot]\nimages_listen = \"127.0.0.1:0\"\n",
         schemas().display()
     );
     let srv = TestServer::start_with(Backend::Sqlite, &extra).await;
@@ -218,23 +218,32 @@ async fn on_demand_pull_is_single_flight() {
         .expect("json");
     let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
 
+    // Both doors pull through the one single-flight look-up: the main port and the image door.
+    let doors = [
+        srv.base.clone(),
+        srv.images_base.clone().expect("image door"),
+    ];
+
     // A version no declared cluster uses is never fetched.
-    let r = srv
-        .client
-        .get(srv.url(&format!("/images/{schematic}/v1.11.6/kernel-amd64")))
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    for door in &doors {
+        let r = srv
+            .client
+            .get(format!("{door}/images/{schematic}/v1.11.6/kernel-amd64"))
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{door}");
+    }
     assert!(f.hits.lock().expect("hits").is_empty());
 
-    // Two hundred machines at once ask for the kernel that is not cached yet.
+    // Two hundred machines at once ask for the kernel that is not cached yet, half of them
+    // through the image door.
     let want = sha(&kernel());
     let mut tasks = Vec::new();
-    for _ in 0..200 {
+    for i in 0..200 {
         let (c, u) = (
             srv.client.clone(),
-            srv.url(&format!("/images/{schematic}/{VERSION}/kernel-amd64")),
+            format!("{}/images/{schematic}/{VERSION}/kernel-amd64", doors[i % 2]),
         );
         tasks.push(tokio::spawn(async move {
             let r = c.get(u).send().await.expect("get");

@@ -15,6 +15,7 @@ mod cli;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
+mod images_door;
 mod images_pull;
 mod reinstall_e2e;
 mod talos_cli;

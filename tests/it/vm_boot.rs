@@ -26,6 +26,9 @@ use crate::support::vm_lab::{
     REPORT_PORT, TALOS,
 };
 
+/// The image door's port in the lab (the install VM that fetches its image through it).
+const IMAGE_DOOR_PORT: u16 = 8081;
+
 /// The firmware a VM boots with.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Fw {
@@ -156,11 +159,22 @@ async fn boot_vm(tag: &str, fw: Fw) {
     assert_firmware_path(&log, fw);
 }
 
-async fn install_vm(tag: &str, uefi: bool) {
+/// `image_door`: serve kernel and initramfs from the sendfile image door (`[boot].images_listen`)
+/// instead of the main port; the install script points there.
+async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
     let dir = workdir(tag);
     let d = dir.path();
     let mut lab = Lab::new(tag);
     let cfg = config(d, &lab.br, "");
+    if image_door {
+        let text = std::fs::read_to_string(&cfg).expect("config");
+        let text = text.replacen(
+            "[boot]\n",
+            &format!("[boot]\nimages_listen = \"10.88.0.1:{IMAGE_DOOR_PORT}\"\n"),
+            1,
+        );
+        std::fs::write(&cfg, text).expect("config");
+    }
     let cfg_s = cfg.display().to_string();
     let (host, mac, uuid) = if uefi {
         (
@@ -357,6 +371,18 @@ async fn install_vm(tag: &str, uefi: bool) {
     );
     assert!(m.interfaces.iter().all(|i| i.ipv4.is_none()));
     assert_firmware_path(&log, fw);
+    // Which door served the image: the image door logs each answer it completes.
+    for file in ["kernel-amd64", "initramfs-amd64.xz"] {
+        let by_door = log.lines().any(|l| {
+            l.contains("image served")
+                && l.contains(&format!("file={file}"))
+                && l.contains("status=200")
+        });
+        assert_eq!(
+            by_door, image_door,
+            "{file} served by the image door: {by_door}\n{log}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,10 +404,11 @@ async fn arm64_uefi_vm_boots_arm64_ipxe_and_is_discovered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bios_vm_installs_and_fetches_its_rendered_config() {
-    install_vm("bi", false).await;
+    // Through the image door: iPXE fetches kernel and initramfs from the sendfile listener.
+    install_vm("bi", false, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uefi_vm_installs_and_fetches_its_rendered_config() {
-    install_vm("ui", true).await;
+    install_vm("ui", true, false).await;
 }

@@ -104,6 +104,8 @@ pub struct TestServer {
     pub db: TestDb,
     pub client: Client,
     pub data_dir: PathBuf,
+    /// `http://IP:PORT` of the image door, when the config turns it on.
+    pub images_base: Option<String>,
     running: Option<Running>,
 }
 
@@ -131,7 +133,7 @@ impl TestServer {
         Self::start_with(backend, "").await
     }
 
-    /// `extra_toml` goes into the `[http]` table.
+    /// `extra_toml` goes into the `[http]` table (and may open further tables).
     pub async fn start_with(backend: Backend, extra_toml: &str) -> TestServer {
         let db = TestDb::new(backend).await;
         let cfg = config(&db, extra_toml);
@@ -154,6 +156,7 @@ impl TestServer {
             operator: t[1].clone(),
             viewer: t[2].clone(),
             data_dir: cfg.data_dir.clone(),
+            images_base: running.images_addr.map(|a| format!("http://{a}")),
             db,
             client: Client::new(),
             running: Some(running),
