@@ -24,8 +24,11 @@
 # host's net.ipv4.neigh.default.gc_thresh{1,2,3} are raised for the run (and restored after), or
 # Plinth's replies to the leased addresses would hit "neighbour table overflow".
 #
+# Kernel and initramfs come through the image door (`[boot] images_listen`, sendfile), as a
+# fleet's Plinth would be set up; --no-image-door serves them through the main port instead.
+#
 # Usage: bench/boot_storm.sh [--machines 1000] [--concurrency N] [--ramp-ms 0] [--postgres]
-#                            [--initramfs-mb 40] [--json FILE] [--keep]
+#                            [--initramfs-mb 40] [--no-image-door] [--json FILE] [--keep]
 # Environment: PLINTH_BIN, STORM_BIN (default: release builds under CARGO_TARGET_DIR or target/,
 # built if missing), DATABASE_URL, PLINTH_SHARED (Talos schemas: $PLINTH_SHARED/talos/schemas,
 # default ../shared next to the repository), KERNEL (default: the newest /boot/vmlinuz-*).
@@ -38,6 +41,7 @@ DB=sqlite
 INITRAMFS_MB=40
 JSON=""
 KEEP=0
+IMAGE_DOOR=1
 while [ $# -gt 0 ]; do
     case "$1" in
         --machines) N="$2"; shift 2 ;;
@@ -48,6 +52,7 @@ while [ $# -gt 0 ]; do
         --initramfs-mb) INITRAMFS_MB="$2"; shift 2 ;;
         --json) JSON="$2"; shift 2 ;;
         --keep) KEEP=1; shift ;;
+        --no-image-door) IMAGE_DOOR=0; shift ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -141,6 +146,8 @@ if [ -d "$SHARED/talos/schemas" ]; then
     SCHEMAS="[talos]
 schema_dir = \"$(cd "$SHARED/talos/schemas" && pwd)\""
 fi
+DOOR=""
+[ "$IMAGE_DOOR" = 1 ] && DOOR='images_listen = "10.77.0.1:8081"'
 CFG=$WORK/plinth.toml
 cat >"$CFG" <<EOF
 data_dir = "$WORK/data"
@@ -153,6 +160,7 @@ key_file = "$WORK/secret.key"
 [boot]
 public_url = "http://10.77.0.1:8080"
 ipxe_dir = "$WORK/ipxe"
+$DOOR
 $SCHEMAS
 [tftp]
 enabled = true
@@ -231,7 +239,7 @@ EOF
 say "windows open in $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s"
 
 # --- The storm. ---
-say "boot storm: $N machines (concurrency ${CONCURRENCY:-all}, ramp ${RAMP_MS} ms, $DB)"
+say "boot storm: $N machines (concurrency ${CONCURRENCY:-all}, ramp ${RAMP_MS} ms, $DB, image door $([ "$IMAGE_DOOR" = 1 ] && echo on || echo off))"
 rss_before=$(awk '/VmRSS/ {print $2}' "/proc/$SERVER_PID/status")
 args=(run --count "$N" --iface sc0 --server 10.77.0.1 --boot-url http://10.77.0.1:8080/boot.ipxe
       --ramp-ms "$RAMP_MS" --json "$WORK/report.json")
