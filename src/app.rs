@@ -268,7 +268,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         let m = crate::dhcp::DhcpMetrics::register(&metrics);
         let stop = shutdown.clone();
         let tl = Some(timeline.clone());
-        let done = on_own_runtime("plinth-dhcp", 1, move || {
+        let done = on_own_runtime("plinth-dhcp", 2, move || {
             crate::dhcp::serve(dhcp_sockets, service, m, tl, stop)
         })?;
         tasks.spawn(done);

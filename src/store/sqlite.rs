@@ -16,7 +16,7 @@ use super::{backend, StoreOptions};
 use crate::service::StoreError;
 
 /// Connections of the DHCP readers' pool.
-const LEASE_READERS: u32 = 2;
+const LEASE_READERS: u32 = 4;
 
 /// The SQLite implementation of `InventoryStore`.
 #[derive(Clone, Debug)]
