@@ -155,9 +155,8 @@ fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
     Ok(out)
 }
 
-/// Run the front door `serve` makes on a Tokio runtime of its own (`workers` threads; one: a
-/// current-thread runtime on its OS thread), and return its result as a future for the main
-/// runtime's task set. DHCP and TFTP run so: they answer small packets on the firmware's
+/// Run the front door `serve` makes on a Tokio runtime of its own (`workers` threads, driven from
+/// an OS thread of its own), and return its result as a future for the main runtime's task set. DHCP and TFTP run so: they answer small packets on the firmware's
 /// retransmission timers (DHCP 4 s, TFTP a few seconds a block), and on the main runtime a boot
 /// storm queues them behind the HTTP work of streaming images to hundreds of machines. Their mostly
 /// idle threads are scheduled by the kernel as soon as a packet arrives, whatever the HTTP side is
@@ -171,18 +170,12 @@ where
     F: FnOnce() -> Fut + Send + 'static,
     Fut: std::future::Future<Output = anyhow::Result<()>>,
 {
-    let rt = if workers <= 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers)
-            .thread_name(format!("{name}-worker"))
-            .enable_all()
-            .build()
-    }
-    .with_context(|| format!("cannot start the {name} runtime"))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .thread_name(format!("{name}-worker"))
+        .enable_all()
+        .build()
+        .with_context(|| format!("cannot start the {name} runtime"))?;
     let (tx, rx) = tokio::sync::oneshot::channel();
     let thread = name.to_string();
     std::thread::Builder::new()

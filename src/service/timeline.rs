@@ -126,21 +126,14 @@ impl MachineCache {
     ) -> Option<crate::domain::MachineId> {
         let Some(mac) = step.mac else {
             let ip = step.ip?;
-            if let Some((id, at)) = self.by_ip.get(&ip) {
-                if at.elapsed() < Self::TTL {
-                    return *id;
-                }
+            if let Some(id) = Self::fresh(&self.by_ip, &ip) {
+                return id;
             }
             let id = machine_of(store, step).await;
             Self::remember(&mut self.by_ip, ip, id);
             return id;
         };
-        let fresh = self
-            .map
-            .get(&mac)
-            .filter(|(_, at)| at.elapsed() < Self::TTL)
-            .map(|(id, _)| *id);
-        let id = match fresh {
+        let id = match Self::fresh(&self.map, &mac) {
             Some(id) => id,
             None => {
                 let id = machine_of(store, step).await;
@@ -152,6 +145,16 @@ impl MachineCache {
             Self::remember(&mut self.by_ip, ip, id);
         }
         id
+    }
+
+    /// The remembered machine of `key`, while the entry is younger than `TTL`.
+    fn fresh<K: std::hash::Hash + Eq>(
+        map: &std::collections::HashMap<K, (Option<crate::domain::MachineId>, std::time::Instant)>,
+        key: &K,
+    ) -> Option<Option<crate::domain::MachineId>> {
+        map.get(key)
+            .filter(|(_, at)| at.elapsed() < Self::TTL)
+            .map(|(id, _)| *id)
     }
 
     fn remember<K: std::hash::Hash + Eq>(

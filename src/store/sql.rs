@@ -955,8 +955,7 @@ macro_rules! sql_store {
                             WriteOp::Claim(c) => {
                                 let l = &c.lease;
                                 if run.iter().any(|r| r.ip == l.ip || (r.mac == l.mac && r.subnet == l.subnet)) {
-                                    out.extend(claim_run(&mut tx, &run).await?);
-                                    run.clear();
+                                    flush(&mut tx, &mut run, &mut out).await?;
                                 }
                                 run.push(&c.lease);
                             }
@@ -993,9 +992,7 @@ macro_rules! sql_store {
                         }
                         debug_assert!(out.len() + run.len() == i + 1);
                     }
-                    if !run.is_empty() {
-                        out.extend(claim_run(&mut tx, &run).await?);
-                    }
+                    flush(&mut tx, &mut run, &mut out).await?;
                     tx.commit().await.map_err(backend)?;
                     Ok(out)
                 }
