@@ -26,6 +26,7 @@
 # Needs root, ip, python3, curl, atftp, in.tftpd (tftpd-hpa), dnsmasq (dnsmasq-base), nginx
 # (nginx-light), wrk. Usage:
 #   bench/tftp_http.sh [--rounds 3] [--seconds 5] [--only "tftp single http wrk"] [--raw FILE]
+#     [--match REGEX]   (TFTP load cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
 # Environment: PLINTH_BIN (default: $CARGO_TARGET_DIR or target, /release/plinth, built if missing),
 #   PLINTH_SCHEMA_DIR (Talos JSON schemas; default ../shared/talos/schemas when present).
 # Peer settings worth knowing: dnsmasq gets --tftp-max=1000 (its default of 50 concurrent
@@ -37,12 +38,14 @@ ROUNDS=3
 SECS=5
 ONLY="tftp single http wrk"
 RAW=""
+MATCH=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --rounds) ROUNDS="$2"; shift 2 ;;
         --seconds) SECS="$2"; shift 2 ;;
         --only) ONLY="$2"; shift 2 ;;
         --raw) RAW="$2"; shift 2 ;;
+        --match) MATCH="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -273,6 +276,7 @@ if want tftp; then
         for conc in 20 100; do
             for c in curl-512 curl-1468 atftp-1468 atftp-1468-w16; do
                 name="tftp $file x$conc $c"
+                if [ -n "$MATCH" ] && ! grep -Eq -- "$MATCH" <<<"$name"; then continue; fi
                 for r in $(seq 1 "$ROUNDS"); do
                     for srv in plinth tftpd-hpa dnsmasq; do
                         read -r ok fail el < <(run_client python3 "$WORK/load.py" loop "$conc" "$SECS" $(tftp_cmd $srv $c $file))
