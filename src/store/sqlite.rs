@@ -15,8 +15,10 @@ use super::group_commit::GroupCommit;
 use super::{backend, StoreOptions};
 use crate::service::StoreError;
 
-/// Connections of the DHCP readers' pool.
-const LEASE_READERS: u32 = 4;
+/// Connections of the DHCP readers' pool, opened as load asks for them. Every look-up waits for
+/// a connection (sqlx runs each SQLite connection on a thread of its own): at 4000 DORA/s
+/// (`bench/dhcp.sh`, 2026-12-02) 4 readers dropped 10% of exchanges, 8 dropped 0.23%, 16 0.06%.
+const LEASE_READERS: u32 = 16;
 
 /// The SQLite implementation of `InventoryStore`.
 #[derive(Clone, Debug)]
