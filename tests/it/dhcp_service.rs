@@ -12,7 +12,7 @@ use plinth::domain::MacAddr;
 use plinth::service::dhcp::{
     DhcpRequest, DhcpService, LeaseTiming, Outcome, ReplyKind, RequestKind,
 };
-use plinth::service::{InventoryStore, Lease, LeaseClaim, LeaseState, LeaseStore};
+use plinth::service::{InventoryStore, LeaseClaim, LeaseState, LeaseStore};
 use support::{Backend, TestDb};
 
 fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
@@ -381,22 +381,9 @@ async fn proxy_mode_answers_pxe_only(b: Backend) {
     db.drop_db().await;
 }
 
+/// A claim in the subnet of the group-commit tests.
 fn claim(ip: &str, mac: &str, state: LeaseState) -> LeaseClaim {
-    let now = chrono::Utc::now().timestamp_millis();
-    LeaseClaim {
-        lease: Lease {
-            ip: ip.parse().expect("ip"),
-            subnet: "10.20.0.0/24".into(),
-            mac: mac.parse().expect("mac"),
-            state,
-            expires_ms: now + 600_000,
-            hostname: None,
-            relay_circuit_id: None,
-            relay_remote_id: None,
-            giaddr: None,
-            updated_ms: now,
-        },
-    }
+    support::lease_claim(ip, "10.20.0.0/24", mac, state)
 }
 
 /// Claims go through the store's group commit: many at once share transactions, and each still

@@ -7,7 +7,7 @@ use crate::support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plinth::domain::{Interface, MacAddr, MachineSpec};
+use plinth::domain::{Interface, MacAddr, Machine, MachineSpec};
 use plinth::service::inventory::Inventory;
 use plinth::service::timeline::{Step, Timeline};
 use plinth::service::{EventFilter, InventoryStore, NewEvent, SecretBox};
@@ -22,6 +22,25 @@ async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
     })
     .await
     .expect("store")
+}
+
+/// A machine with one boot interface.
+async fn machine(inv: &Inventory, hostname: &str, mac: MacAddr) -> Machine {
+    inv.create(
+        MachineSpec {
+            hostname: Some(hostname.into()),
+            interfaces: vec![Interface {
+                mac,
+                ipv4: None,
+                boot: true,
+                name: None,
+            }],
+            ..Default::default()
+        },
+        "test",
+    )
+    .await
+    .expect("create")
 }
 
 fn kind_filter(id: plinth::domain::MachineId, kind: &str) -> EventFilter {
@@ -39,22 +58,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
     let inv = Inventory::new(st.clone(), secrets);
     let mac: MacAddr = "52:54:00:7e:00:01".parse().expect("mac");
-    let m = inv
-        .create(
-            MachineSpec {
-                hostname: Some("tl-1".into()),
-                interfaces: vec![Interface {
-                    mac,
-                    ipv4: None,
-                    boot: true,
-                    name: None,
-                }],
-                ..Default::default()
-            },
-            "test",
-        )
-        .await
-        .expect("create");
+    let m = machine(&inv, "tl-1", mac).await;
 
     // More steps than one batch, faster than the writer's gathering window.
     let stop = CancellationToken::new();
@@ -116,7 +120,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
 /// address passes to another machine, its steps are the new holder's from the new holder's ACK on,
 /// even while the writer still remembers the old holder.
 async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend) {
-    use plinth::service::{Lease, LeaseClaim, LeaseState};
+    use plinth::service::LeaseState;
     let db = TestDb::new(b).await;
     let st = store(&db).await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
@@ -127,41 +131,16 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
         .map(|m| m.parse().expect("mac"))
         .collect();
     for (n, mac) in macs.iter().enumerate() {
-        let m = inv
-            .create(
-                MachineSpec {
-                    hostname: Some(format!("tl-move-{n}")),
-                    interfaces: vec![Interface {
-                        mac: *mac,
-                        ipv4: None,
-                        boot: true,
-                        name: None,
-                    }],
-                    ..Default::default()
-                },
-                "test",
-            )
-            .await
-            .expect("create");
-        ids.push(m.id);
+        ids.push(machine(&inv, &format!("tl-move-{n}"), *mac).await.id);
     }
     let ip: std::net::Ipv4Addr = "10.66.0.9".parse().expect("ip");
     let lease = |mac: MacAddr| {
-        let now = chrono::Utc::now().timestamp_millis();
-        LeaseClaim {
-            lease: Lease {
-                ip,
-                subnet: "10.66.0.0/24".into(),
-                mac,
-                state: LeaseState::Bound,
-                expires_ms: now + 600_000,
-                hostname: None,
-                relay_circuit_id: None,
-                relay_remote_id: None,
-                giaddr: None,
-                updated_ms: now,
-            },
-        }
+        support::lease_claim(
+            &ip.to_string(),
+            "10.66.0.0/24",
+            &mac.to_string(),
+            LeaseState::Bound,
+        )
     };
     let stop = CancellationToken::new();
     let timeline = Timeline::start(st.clone(), stop.clone());

@@ -18,6 +18,30 @@ use plinth::service::{ApiRole, Tokens};
 use reqwest::Client;
 use uuid::Uuid;
 
+/// A lease claim for `mac` on `ip` in `subnet`, valid for ten minutes from now.
+pub fn lease_claim(
+    ip: &str,
+    subnet: &str,
+    mac: &str,
+    state: plinth::service::LeaseState,
+) -> plinth::service::LeaseClaim {
+    let now = chrono::Utc::now().timestamp_millis();
+    plinth::service::LeaseClaim {
+        lease: plinth::service::Lease {
+            ip: ip.parse().expect("ip"),
+            subnet: subnet.into(),
+            mac: mac.parse().expect("mac"),
+            state,
+            expires_ms: now + 600_000,
+            hostname: None,
+            relay_circuit_id: None,
+            relay_remote_id: None,
+            giaddr: None,
+            updated_ms: now,
+        },
+    }
+}
+
 /// The PostgreSQL admin URL for tests: DATABASE_URL, or the local server of the dev machines.
 pub fn pg_admin_url() -> String {
     std::env::var("DATABASE_URL")
