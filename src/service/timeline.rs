@@ -111,10 +111,13 @@ async fn machine_of(
 /// address's entry, so an address that passes to another machine is attributed to the new one
 /// from its ACK on.
 struct MachineCache {
-    map: std::collections::HashMap<MacAddr, (Option<crate::domain::MachineId>, std::time::Instant)>,
-    by_ip:
-        std::collections::HashMap<Ipv4Addr, (Option<crate::domain::MachineId>, std::time::Instant)>,
+    map: Remembered<MacAddr>,
+    by_ip: Remembered<Ipv4Addr>,
 }
+
+/// Key -> the machine it belonged to (or none) and when that was looked up.
+type Remembered<K> =
+    std::collections::HashMap<K, (Option<crate::domain::MachineId>, std::time::Instant)>;
 
 impl MachineCache {
     const TTL: Duration = Duration::from_secs(10);
@@ -149,7 +152,7 @@ impl MachineCache {
 
     /// The remembered machine of `key`, while the entry is younger than `TTL`.
     fn fresh<K: std::hash::Hash + Eq>(
-        map: &std::collections::HashMap<K, (Option<crate::domain::MachineId>, std::time::Instant)>,
+        map: &Remembered<K>,
         key: &K,
     ) -> Option<Option<crate::domain::MachineId>> {
         map.get(key)
@@ -158,10 +161,7 @@ impl MachineCache {
     }
 
     fn remember<K: std::hash::Hash + Eq>(
-        map: &mut std::collections::HashMap<
-            K,
-            (Option<crate::domain::MachineId>, std::time::Instant),
-        >,
+        map: &mut Remembered<K>,
         key: K,
         id: Option<crate::domain::MachineId>,
     ) {

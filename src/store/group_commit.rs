@@ -94,9 +94,9 @@ impl GroupCommit {
         self.tx
             .send(Job { op, done })
             .await
-            .map_err(|_| StoreError::Backend("the lease writer has stopped".into()))?;
+            .map_err(|_| StoreError::Backend("the group commit writer has stopped".into()))?;
         rx.await
-            .map_err(|_| StoreError::Backend("the lease writer dropped a write".into()))?
+            .map_err(|_| StoreError::Backend("the group commit writer dropped a write".into()))?
     }
 }
 
@@ -114,7 +114,7 @@ async fn run(batch: Arc<dyn WriteBatch>, mut rx: mpsc::Receiver<Job>) {
             Ok(_) => {
                 for job in jobs.drain(..) {
                     let _ = job.done.send(Err(StoreError::Backend(
-                        "lease batch returned the wrong number of results".into(),
+                        "a write batch returned the wrong number of results".into(),
                     )));
                 }
             }
@@ -124,14 +124,14 @@ async fn run(batch: Arc<dyn WriteBatch>, mut rx: mpsc::Receiver<Job>) {
                 }
             }
             Err(e) => {
-                tracing::warn!(error = %e, writes = jobs.len(), "lease batch rolled back; retrying its writes one by one");
+                tracing::warn!(error = %e, writes = jobs.len(), "write batch rolled back; retrying its writes one by one");
                 for job in jobs.drain(..) {
                     let r = batch
                         .apply(std::slice::from_ref(&job.op))
                         .await
                         .and_then(|v| {
                             v.first().copied().ok_or_else(|| {
-                                StoreError::Backend("lease write returned no result".into())
+                                StoreError::Backend("a write returned no result".into())
                             })
                         });
                     let _ = job.done.send(r);
