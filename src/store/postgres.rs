@@ -21,7 +21,7 @@ pub struct PgStore {
     /// DHCP's own connections (lease look-ups and the lease group commit): a DISCOVER never
     /// queues behind the boot scripts, configs and API requests that share `read`.
     lease_read: Pool<sqlx::Postgres>,
-    leases: GroupCommit,
+    group_commit: GroupCommit,
 }
 
 /// Connections of DHCP's pool (one for the group commit, the rest for look-ups).
@@ -56,7 +56,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
         Ok(Self {
-            leases: GroupCommit::spawn(generated::Batch(lease_read.clone())),
+            group_commit: GroupCommit::spawn(generated::Batch(lease_read.clone())),
             write: pool.clone(),
             read: pool,
             lease_read,

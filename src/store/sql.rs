@@ -645,7 +645,7 @@ macro_rules! sql_store {
                 }
 
                 async fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
-                    self.leases.write(crate::store::group_commit::WriteOp::Event(event.clone())).await.map(|_| ())
+                    self.group_commit.write(crate::store::group_commit::WriteOp::Event(event.clone())).await.map(|_| ())
                 }
 
                 async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
@@ -1001,7 +1001,7 @@ macro_rules! sql_store {
             #[async_trait]
             impl LeaseStore for $store {
                 async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
-                    self.leases.write(crate::store::group_commit::WriteOp::Claim(claim.clone())).await
+                    self.group_commit.write(crate::store::group_commit::WriteOp::Claim(claim.clone())).await
                 }
 
                 fn is_shared(&self) -> bool {
@@ -1038,7 +1038,7 @@ macro_rules! sql_store {
                     expires_ms: i64,
                     now_ms: i64,
                 ) -> Result<bool, StoreError> {
-                    self.leases
+                    self.group_commit
                         .write(crate::store::group_commit::WriteOp::End { ip, mac, state, expires_ms, now_ms })
                         .await
                 }
@@ -1413,7 +1413,7 @@ macro_rules! sql_store {
                 }
 
                 async fn record_served(&self, id: MachineId, served: &ServedConfig, event: &NewEvent) -> Result<(), StoreError> {
-                    self.leases
+                    self.group_commit
                         .write(crate::store::group_commit::WriteOp::Served { id, served: served.clone(), event: event.clone() })
                         .await
                         .map(|_| ())
@@ -1454,7 +1454,7 @@ macro_rules! sql_store {
                 }
 
                 async fn set_window_token(&self, id: MachineId, token_sha256: &str, now: chrono::DateTime<Utc>) -> Result<bool, StoreError> {
-                    self.leases
+                    self.group_commit
                         .write(crate::store::group_commit::WriteOp::WindowToken { id, token_sha256: token_sha256.to_string(), now })
                         .await
                 }

@@ -33,7 +33,7 @@ pub struct SqliteStore {
     /// waits behind at most one of them instead of behind every script, config and timeline
     /// write of a boot storm (each an fsync; an ACK waits for its lease's commit).
     writers: std::sync::Arc<tokio::sync::Semaphore>,
-    leases: GroupCommit,
+    group_commit: GroupCommit,
 }
 
 impl SqliteStore {
@@ -71,13 +71,13 @@ impl SqliteStore {
             .max_connections(LEASE_READERS)
             .test_before_acquire(false)
             .connect_lazy_with(connect.read_only(true));
-        let leases = GroupCommit::spawn(generated::Batch(write.clone()));
+        let group_commit = GroupCommit::spawn(generated::Batch(write.clone()));
         Ok(Self {
             write,
             read,
             lease_read,
             writers: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
-            leases,
+            group_commit,
         })
     }
 
