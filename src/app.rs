@@ -11,9 +11,12 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DhcpConfig, SecretKeySource, SECRET_KEY_ENV};
-use crate::domain::dhcp::BootFiles;
 use crate::http::{self, AppState};
-use crate::service::dhcp::{DhcpService, LeaseTiming};
+use crate::service::provisioning::dhcp::{DhcpService, LeaseTiming};
+use crate::service::provisioning::timeline::Timeline;
+use crate::service::provisioning::{
+    BootFiles, BootSettings, Identities, ImagesDoor, Parts, ProvisioningService,
+};
 use crate::service::LeaseStore;
 use crate::service::{BmcService, Inventory, InventoryStore, SecretBox, Tokens};
 use crate::store::{self, StoreOptions};
@@ -111,20 +114,6 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     let mut f = opts.open(path)?;
     f.write_all(text.as_bytes())?;
     f.sync_all()
-}
-
-/// Which firmware the iPXE binaries in `dir` can boot.
-pub fn bootable_arches(dir: &std::path::Path) -> Vec<String> {
-    [
-        ("undionly.kpxe", "bios"),
-        ("ipxe.efi", "uefi-x86_64"),
-        ("snponly.efi", "uefi-x86_64-snp"),
-        ("ipxe-arm64.efi", "uefi-arm64"),
-    ]
-    .iter()
-    .filter(|(f, _)| dir.join(f).is_file())
-    .map(|(_, a)| (*a).to_string())
-    .collect()
 }
 
 /// Bind the DHCP sockets a configuration asks for (before anything is served).
@@ -238,34 +227,23 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let mut dhcp = Vec::new();
-    let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
+    let identities = Identities::new(store.clone());
+    let timeline = Timeline::start(store.clone(), identities.clone(), shutdown.clone());
     timeline.register(&metrics);
-    if let Some(d) = &config.dhcp {
-        for s in &dhcp_sockets {
-            let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
-            dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
-        }
+    let dhcp_engine = config.dhcp.as_ref().map(|d| {
         let leases: Arc<dyn LeaseStore> = store.clone();
-        let service = Arc::new(DhcpService::new(
+        Arc::new(DhcpService::new(
             leases,
             d.subnets.clone(),
-            BootFiles {
+            crate::domain::dhcp::BootFiles {
                 http_base: d.boot_url.clone(),
             },
             LeaseTiming {
                 offer_ms: i64::from(d.offer_seconds) * 1000,
                 decline_ms: i64::from(d.decline_seconds) * 1000,
             },
-        ));
-        let m = crate::dhcp::DhcpMetrics::register(&metrics);
-        let stop = shutdown.clone();
-        let tl = Some(timeline.clone());
-        let done = on_own_runtime("plinth-dhcp", 2, move || {
-            crate::dhcp::serve(dhcp_sockets, service, m, tl, stop)
-        })?;
-        tasks.spawn(done);
-    }
+        ))
+    });
     let secrets_for_configs = secrets.clone();
     let inventory = Inventory::new(store.clone(), secrets);
     let bmc = BmcService::new(
@@ -273,24 +251,64 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         store.clone(),
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
-    if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
-        let opts = crate::tftp::TftpOptions {
-            max_block_size: t.max_block_size,
-            max_window_size: t.max_window_size,
-        };
-        let (root, m, stop) = (config.ipxe_dir.clone(), metrics.clone(), shutdown.clone());
-        let tl = Some(timeline.clone());
-        let done = on_own_runtime("plinth-tftp", 2, move || {
-            crate::tftp::serve(sock, root, opts, m, tl, stop)
-        })?;
-        tasks.spawn(done);
-    }
-    let bootable = bootable_arches(&config.ipxe_dir);
     let configs = crate::service::ConfigService::new(
         store.clone(),
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
+    let images = crate::images::ImageDepot::new(
+        crate::images::ImageCache::new(config.data_dir.join("images")),
+        match &config.image_factory {
+            Some(f) => Some(crate::images::ImagePuller::new(
+                crate::images::ImageCache::new(config.data_dir.join("images")),
+                f,
+            )?),
+            None => None,
+        },
+    );
+    let provisioning = ProvisioningService::new(Parts {
+        inventory: inventory.clone(),
+        configs: configs.clone(),
+        store: store.clone(),
+        identities,
+        timeline,
+        images: Arc::new(images),
+        files: BootFiles::new(Some(config.ipxe_dir.clone())),
+        dhcp: dhcp_engine,
+        settings: BootSettings {
+            public_url: config.boot_public_url.clone(),
+            images_door: match (&config.images_url, images_addr) {
+                (Some(u), _) => ImagesDoor::Url(u.clone()),
+                (None, Some(a)) => ImagesDoor::Port(a.port()),
+                (None, None) => ImagesDoor::Main,
+            },
+        },
+    });
+    let mut dhcp = Vec::new();
+    if config.dhcp.is_some() {
+        for s in &dhcp_sockets {
+            let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
+            dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
+        }
+        let m = crate::dhcp::DhcpMetrics::register(&metrics);
+        let (stop, service) = (shutdown.clone(), provisioning.clone());
+        let done = on_own_runtime("plinth-dhcp", 2, move || {
+            crate::dhcp::serve(dhcp_sockets, service, m, stop)
+        })?;
+        tasks.spawn(done);
+    }
+    if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
+        let opts = crate::tftp::TftpOptions {
+            max_block_size: t.max_block_size,
+            max_window_size: t.max_window_size,
+        };
+        let (service, m, stop) = (provisioning.clone(), metrics.clone(), shutdown.clone());
+        let done = on_own_runtime("plinth-tftp", 2, move || {
+            crate::tftp::serve(sock, service, opts, m, stop)
+        })?;
+        tasks.spawn(done);
+    }
+    let bootable = provisioning.bootable();
     let workflows = crate::service::Workflows::new(
         inventory.clone(),
         configs.clone(),
@@ -315,7 +333,6 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         });
     }
     let state = AppState {
-        timeline,
         shutdown: shutdown.clone(),
         workflows,
         configs,
@@ -324,23 +341,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         bmc,
         metrics,
         max_body_bytes: config.max_body_bytes,
-        boot: Arc::new(http::BootSettings {
-            public_url: config.boot_public_url.clone(),
-            ipxe_dir: Some(config.ipxe_dir.clone()),
-            images: crate::images::ImageCache::new(config.data_dir.join("images")),
-            puller: match &config.image_factory {
-                Some(f) => Some(crate::images::ImagePuller::new(
-                    crate::images::ImageCache::new(config.data_dir.join("images")),
-                    f,
-                )?),
-                None => None,
-            },
-            images_door: match (&config.images_url, images_addr) {
-                (Some(u), _) => http::ImagesDoor::Url(u.clone()),
-                (None, Some(a)) => http::ImagesDoor::Port(a.port()),
-                (None, None) => http::ImagesDoor::Main,
-            },
-        }),
+        provisioning,
     };
     if let Some(l) = images_listener {
         let (st, stop) = (state.clone(), shutdown.clone());

@@ -13,7 +13,7 @@ use dhcproto::{Decodable, Decoder};
 use libfuzzer_sys::fuzz_target;
 use plinth::dhcp::wire;
 use plinth::domain::dhcp::{BootFiles, Ipv4Range, Subnet, SubnetMode};
-use plinth::service::dhcp::{DhcpService, LeaseTiming, Outcome};
+use plinth::service::provisioning::dhcp::{DhcpService, LeaseTiming, Outcome};
 use plinth::service::LeaseStore;
 
 struct Ctx {

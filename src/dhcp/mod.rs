@@ -1,5 +1,5 @@
-//! The DHCP front door: receives on UDP 67 (and the proxyDHCP port 4011), decodes, asks
-//! `DhcpService`, encodes, and sends the answer where RFC 2131 section 4.1 says: to the relay, to
+//! The DHCP front door: receives on UDP 67 (and the proxyDHCP port 4011), decodes, asks the
+//! provisioning service (`ProvisioningService::dhcp`), encodes, and sends the answer where RFC 2131 section 4.1 says: to the relay, to
 //! the client's address, or broadcast on the interface the request came in on. Malformed packets,
 //! floods and overload are dropped and counted, never a panic.
 //!
@@ -25,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::MacAddr;
 use crate::metrics::Metrics;
-use crate::service::dhcp::{DhcpService, Outcome, ReplyKind};
+use crate::service::provisioning::dhcp::{Outcome, ReplyKind};
+use crate::service::provisioning::ProvisioningService;
 
 /// Client port (RFC 2131 section 4.1).
 pub const CLIENT_PORT: u16 = 68;
@@ -145,9 +146,8 @@ struct Serving {
 /// Serve on `sockets` until `shutdown`.
 pub async fn serve(
     sockets: Vec<DhcpSocket>,
-    service: Arc<DhcpService>,
+    service: ProvisioningService,
     metrics: DhcpMetrics,
-    timeline: Option<crate::service::timeline::Timeline>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let guard = Arc::new(FloodGuard {
@@ -164,13 +164,12 @@ pub async fn serve(
             local_ips: s.local_ips,
             proxy: s.proxy,
         });
-        let (service, metrics, guard, limit, stop, timeline) = (
+        let (service, metrics, guard, limit, stop) = (
             service.clone(),
             metrics.clone(),
             guard.clone(),
             limit.clone(),
             shutdown.clone(),
-            timeline.clone(),
         );
         loops.spawn(async move {
             let mut buf = vec![0u8; 1500];
@@ -190,24 +189,14 @@ pub async fn serve(
                     continue;
                 };
                 let packet = buf[..n].to_vec();
-                let (sock, service, metrics, guard, timeline) = (
+                let (sock, service, metrics, guard) = (
                     sock.clone(),
                     service.clone(),
                     metrics.clone(),
                     guard.clone(),
-                    timeline.clone(),
                 );
                 tokio::spawn(async move {
-                    handle(
-                        &sock,
-                        &service,
-                        &metrics,
-                        &guard,
-                        timeline.as_ref(),
-                        &packet,
-                        from,
-                    )
-                    .await;
+                    handle(&sock, &service, &metrics, &guard, &packet, from).await;
                     drop(permit);
                 });
             }
@@ -219,14 +208,13 @@ pub async fn serve(
 
 async fn handle(
     sock: &Serving,
-    service: &DhcpService,
+    service: &ProvisioningService,
     metrics: &DhcpMetrics,
     guard: &FloodGuard,
-    timeline: Option<&crate::service::timeline::Timeline>,
     packet: &[u8],
     from: SocketAddr,
 ) {
-    let (msg, req) = match wire::decode(packet, sock.proxy, &sock.local_ips) {
+    let (msg, mut req) = match wire::decode(packet, sock.proxy, &sock.local_ips) {
         Ok(x) => x,
         Err(reason) => {
             metrics.drop(reason);
@@ -244,7 +232,8 @@ async fn handle(
         metrics.drop("rate_limited");
         return;
     }
-    let outcome = match service.handle(&req).await {
+    req.interface.clone_from(&sock.interface);
+    let outcome = match service.dhcp(&req).await {
         Ok(o) => o,
         Err(e) => {
             // A store fault: no answer (the client retries), never a wrong one.
@@ -287,24 +276,6 @@ async fn handle(
                 boot_file = reply.boot.as_ref().map(|b| b.file.as_str()).unwrap_or(""),
                 interface = sock.interface.as_deref().unwrap_or("*"), to = %to, "dhcp answer"
             );
-            if let Some(t) = timeline {
-                t.record(crate::service::timeline::Step {
-                    kind: match reply.kind {
-                        ReplyKind::Offer => "dhcp.offer",
-                        ReplyKind::Ack => "dhcp.ack",
-                        ReplyKind::Nak => "dhcp.nak",
-                    },
-                    mac: Some(req.mac),
-                    ip: (!reply.yiaddr.is_unspecified()).then_some(reply.yiaddr),
-                    detail: serde_json::json!({
-                        "client": req.client.to_string(),
-                        "boot_file": reply.boot.as_ref().map(|b| b.file.clone()),
-                        "relay": (!req.giaddr.is_unspecified()).then(|| req.giaddr.to_string()),
-                        "proxy": sock.proxy,
-                        "interface": sock.interface,
-                    }),
-                });
-            }
         }
         Err(e) => {
             metrics.drop("send_failed");

@@ -8,7 +8,7 @@ use dhcproto::{Decodable, Decoder, Encodable, Encoder};
 
 use crate::domain::dhcp::classify;
 use crate::domain::MacAddr;
-use crate::service::dhcp::{DhcpReply, DhcpRequest, ReplyKind, RequestKind};
+use crate::service::provisioning::dhcp::{DhcpReply, DhcpRequest, ReplyKind, RequestKind};
 
 /// Largest hop count a relayed request may carry (RFC 1542 section 4.1.1 suggests 4 as a default
 /// limit; 16 is the maximum any relay may be configured with).
@@ -114,6 +114,7 @@ pub fn decode(
         remote_id,
         proxy_port,
         local_ips: local_ips.to_vec(),
+        interface: None,
     };
     Ok((msg, req))
 }

@@ -113,6 +113,19 @@ pub fn generic_script(base: &str) -> String {
     )
 }
 
+/// A script that only says why Plinth cannot answer (and waits `sleep` seconds, when given), for
+/// requests that get no plan: iPXE shows it on the console; the generic script then retries.
+pub fn error_script(message: &str, sleep: Option<u32>) -> String {
+    let mut s = format!(
+        "#!ipxe\necho Plinth: {}\n",
+        message.replace(['\n', '\r'], " ")
+    );
+    if let Some(secs) = sleep {
+        let _ = writeln!(s, "sleep {secs}");
+    }
+    s
+}
+
 /// The per-machine script for a plan.
 pub fn machine_script(plan: &BootPlan, arch: Arch, self_url: &str) -> String {
     let mut s = String::from("#!ipxe\n");

@@ -1,7 +1,7 @@
 //! Network-boot facts of DHCP, with no sockets: who is asking (firmware class from options 93, 60
 //! and 77), what it should boot, address pools, and the subnet a request belongs to.
 //!
-//! Wire decoding lives in `crate::dhcp`; lease decisions in `crate::service::dhcp`.
+//! Wire decoding lives in `crate::dhcp`; lease decisions in `crate::service::provisioning::dhcp`.
 
 use std::fmt;
 use std::net::Ipv4Addr;
@@ -95,29 +95,75 @@ pub struct BootAnswer {
     pub http_client: bool,
 }
 
+/// An iPXE binary Plinth hands to network-booting firmware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IpxeBinary {
+    /// File name in the iPXE directory (TFTP path, and `/ipxe/{file}` over HTTP).
+    pub file: &'static str,
+    /// The firmware it boots, as reported at start-up (`bios`, `uefi-x86_64`, ...).
+    pub boots: &'static str,
+    /// The firmware class that is handed this file (`None`: present only as an alternative that
+    /// an operator may point firmware at by hand, never chosen by Plinth).
+    pub chosen_for: Option<Firmware>,
+}
+
+/// Which firmware a boot file is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Firmware {
+    /// Legacy BIOS (PXE ROM).
+    Bios,
+    /// UEFI of an architecture (PXE or HTTP boot).
+    Uefi(Arch),
+}
+
+/// Every iPXE binary Plinth knows, in one table: what DHCP hands out, what TFTP and
+/// `/ipxe/{file}` serve, and what start-up reports as bootable.
+pub const IPXE_BINARIES: [IpxeBinary; 4] = [
+    IpxeBinary {
+        file: "undionly.kpxe",
+        boots: "bios",
+        chosen_for: Some(Firmware::Bios),
+    },
+    IpxeBinary {
+        file: "ipxe.efi",
+        boots: "uefi-x86_64",
+        chosen_for: Some(Firmware::Uefi(Arch::Amd64)),
+    },
+    IpxeBinary {
+        file: "snponly.efi",
+        boots: "uefi-x86_64-snp",
+        chosen_for: None,
+    },
+    IpxeBinary {
+        file: "ipxe-arm64.efi",
+        boots: "uefi-arm64",
+        chosen_for: Some(Firmware::Uefi(Arch::Arm64)),
+    },
+];
+
+/// The iPXE binary Plinth hands to `firmware`.
+pub fn ipxe_binary(firmware: Firmware) -> &'static str {
+    IPXE_BINARIES
+        .iter()
+        .find(|b| b.chosen_for == Some(firmware))
+        .map_or("ipxe.efi", |b| b.file)
+}
+
 impl BootFiles {
     /// The boot file for a client. `None` for clients that do not network-boot.
     pub fn answer(&self, client: BootClient) -> Option<BootAnswer> {
         let base = self.http_base.trim_end_matches('/');
-        let tftp = |f: &str| {
+        let tftp = |f: Firmware| {
             Some(BootAnswer {
-                file: f.to_string(),
+                file: ipxe_binary(f).to_string(),
                 http_client: false,
             })
         };
         match client {
-            BootClient::BiosPxe => tftp("undionly.kpxe"),
-            BootClient::UefiPxe(Arch::Amd64) => tftp("ipxe.efi"),
-            BootClient::UefiPxe(Arch::Arm64) => tftp("ipxe-arm64.efi"),
+            BootClient::BiosPxe => tftp(Firmware::Bios),
+            BootClient::UefiPxe(a) => tftp(Firmware::Uefi(a)),
             BootClient::UefiHttp(a) => Some(BootAnswer {
-                file: format!(
-                    "{base}/ipxe/{}",
-                    if a == Arch::Arm64 {
-                        "ipxe-arm64.efi"
-                    } else {
-                        "ipxe.efi"
-                    }
-                ),
+                file: format!("{base}/ipxe/{}", ipxe_binary(Firmware::Uefi(a))),
                 http_client: true,
             }),
             // Already iPXE: straight to the script, never back into iPXE (no chainloading loop).

@@ -38,19 +38,15 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Body limit in bytes.
     pub max_body_bytes: usize,
-    /// Network-boot settings.
-    pub boot: Arc<boot::BootSettings>,
+    /// The provisioning service: what each booting machine gets.
+    pub provisioning: crate::service::provisioning::ProvisioningService,
     /// Machine configs and provisioning windows.
     pub configs: crate::service::ConfigService,
     /// Reinstall workflows.
     pub workflows: crate::service::Workflows,
-    /// The boot timeline recorder.
-    pub timeline: crate::service::timeline::Timeline,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
 }
-
-pub use boot::{BootSettings, ImagesDoor};
 
 /// The whole HTTP application.
 pub fn router(state: AppState) -> Router {

@@ -16,6 +16,8 @@ use crate::domain::dhcp::Arch;
 mod pull;
 pub use pull::{ImagePuller, Progress, PullError};
 
+use crate::service::ports::{CachedImage, ImageFetchError, TalosImages};
+
 /// Image Factory's id of the schematic without customizations (`customization: {}`).
 pub const VANILLA_SCHEMATIC: &str =
     "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba";
@@ -36,6 +38,63 @@ pub enum ImageError {
     /// File system.
     #[error("{0}")]
     Io(String),
+}
+
+/// The image cache with, when configured, the Image Factory that fills it on demand: the
+/// implementation of the service's `TalosImages` port.
+#[derive(Clone, Debug)]
+pub struct ImageDepot {
+    cache: ImageCache,
+    puller: Option<ImagePuller>,
+}
+
+impl ImageDepot {
+    /// `cache`, filled on demand from `puller` when given.
+    pub fn new(cache: ImageCache, puller: Option<ImagePuller>) -> Self {
+        ImageDepot { cache, puller }
+    }
+}
+
+#[async_trait::async_trait]
+impl TalosImages for ImageDepot {
+    fn cached(
+        &self,
+        schematic: &str,
+        version: &str,
+        file: &str,
+    ) -> Result<Option<CachedImage>, String> {
+        match self.cache.path(schematic, version, file) {
+            Ok(Some(path)) => Ok(Some(CachedImage {
+                sha256: self.cache.digest(&path),
+                path,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    fn source(&self) -> Option<String> {
+        self.puller.as_ref().map(|p| p.factory().to_string())
+    }
+
+    async fn fetch(
+        &self,
+        schematic: &str,
+        version: &str,
+        file: &str,
+    ) -> Result<(), ImageFetchError> {
+        let Some(puller) = &self.puller else {
+            return Err(ImageFetchError::NoSource);
+        };
+        match puller.ensure(schematic, version, file, None).await {
+            Ok(_) => Ok(()),
+            Err(PullError::Cache(ImageError::Invalid { .. })) => Err(ImageFetchError::Invalid(
+                format!("{schematic}/{version}/{file}"),
+            )),
+            Err(e @ PullError::Refused { .. }) => Err(ImageFetchError::Refused(e.to_string())),
+            Err(e) => Err(ImageFetchError::Failed(e.to_string())),
+        }
+    }
 }
 
 /// One cached file.

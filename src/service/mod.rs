@@ -8,12 +8,12 @@ pub mod apply;
 pub mod auth;
 pub mod bmc;
 pub mod config;
-pub mod dhcp;
 pub mod inventory;
 pub mod leases;
+pub mod ports;
+pub mod provisioning;
 pub mod secrets;
 pub mod store;
-pub mod timeline;
 pub mod workflow;
 
 pub use auth::{ApiRole, NewToken, TokenInfo, Tokens};

@@ -1,21 +1,22 @@
 //! The TFTP front door (RFC 1350; options RFC 2347, blksize RFC 2348, timeout and tsize RFC 2349,
-//! windowsize RFC 7440): read-only, rooted in one directory. `..`, absolute paths that leave the
-//! root, symlinks that point outside it, non-files and every write request are refused with a
-//! TFTP error packet.
+//! windowsize RFC 7440): read-only. Which file a read request gets (a name inside the iPXE
+//! directory, never `..`, a path or symlink out of it, or a non-file) and the `tftp.read` step of
+//! the boot timeline are the provisioning service's answer; this door decodes the request, asks
+//! it, and sends the file or a TFTP error packet. Every write request is refused.
 //!
 //! Each read is a tokio task with its own socket (the transfer identifier), connected to the
 //! client, waiting for ACKs with tokio's timers. Files up to [`SHARED_MAX`] bytes (iPXE binaries
 //! are about 1 MB) are read once and shared by every transfer until they change on disk; larger
 //! ones are read a window at a time. `wire` holds the packet formats, `transfer` one transfer.
 //!
-//! Imports nothing from other front doors, the store or the service layer: it only serves files.
+//! Imports the provisioning service; nothing from other front doors or the store.
 
 mod transfer;
 mod wire;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -28,7 +29,7 @@ pub use transfer::Source;
 pub use wire::ErrorCode;
 
 use crate::metrics::Metrics;
-use crate::service::timeline::{Step, Timeline};
+use crate::service::provisioning::{FileRefusal, ProvisioningService};
 
 /// Label: the outcome of a read request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -63,9 +64,9 @@ impl Version {
     }
 }
 
-/// The served directory: resolution inside the root, and the shared copies of small files.
+/// The shared copies of small files, by resolved path.
+#[derive(Default)]
 pub struct Files {
-    root: PathBuf,
     shared: Mutex<Held>,
 }
 
@@ -73,18 +74,10 @@ pub struct Files {
 type Held = HashMap<PathBuf, (Version, Arc<[u8]>)>;
 
 impl Files {
-    /// Serve files below `root` (which must exist).
-    pub fn new(root: &Path) -> std::io::Result<Self> {
-        Ok(Files {
-            root: std::fs::canonicalize(root)?,
-            shared: Mutex::default(),
-        })
-    }
-
-    /// Resolve and open `requested` (blocking file-system calls: run on the blocking pool).
-    pub fn open(&self, requested: &Path) -> Result<Source, ErrorCode> {
-        let real = resolve_in(&self.root, requested)?;
-        let mut file = std::fs::File::open(&real).map_err(|_| ErrorCode::FileNotFound)?;
+    /// Open `real` (a path the provisioning service resolved; blocking file-system calls: run on
+    /// the blocking pool).
+    pub fn open(&self, real: &Path) -> Result<Source, ErrorCode> {
+        let mut file = std::fs::File::open(real).map_err(|_| ErrorCode::FileNotFound)?;
         let meta = file.metadata().map_err(|_| ErrorCode::FileNotFound)?;
         let v = Version::of(&meta);
         if v.len > SHARED_MAX {
@@ -92,7 +85,7 @@ impl Files {
         }
         let held = |shared: &Held| {
             shared
-                .get(&real)
+                .get(real)
                 .filter(|(held, _)| *held == v)
                 .map(|(_, b)| b.clone())
         };
@@ -112,34 +105,10 @@ impl Files {
             if total + v.len > SHARED_TOTAL {
                 shared.clear();
             }
-            shared.insert(real, (v, bytes.clone()));
+            shared.insert(real.to_path_buf(), (v, bytes.clone()));
         }
         Ok(Source::Shared(bytes))
     }
-}
-
-/// Resolve `requested` inside `root` (canonical): leading `/` is taken as the root itself; `..`
-/// anywhere, a Windows prefix, or a symlink leading outside the root is refused.
-pub fn resolve_in(root: &Path, requested: &Path) -> Result<PathBuf, ErrorCode> {
-    let rel = requested.strip_prefix("/").unwrap_or(requested);
-    if rel.as_os_str().is_empty() {
-        return Err(ErrorCode::FileNotFound);
-    }
-    for c in rel.components() {
-        match c {
-            Component::Normal(_) | Component::CurDir => {}
-            _ => return Err(ErrorCode::AccessViolation),
-        }
-    }
-    let joined = root.join(rel);
-    let real = std::fs::canonicalize(&joined).map_err(|_| ErrorCode::FileNotFound)?;
-    if !real.starts_with(root) {
-        return Err(ErrorCode::AccessViolation);
-    }
-    if !real.is_file() {
-        return Err(ErrorCode::FileNotFound);
-    }
-    Ok(real)
 }
 
 /// TFTP settings.
@@ -156,7 +125,7 @@ struct Front {
     files: Files,
     limits: transfer::Limits,
     requests: Family<OutcomeLabel, Counter>,
-    timeline: Option<Timeline>,
+    provisioning: ProvisioningService,
     /// Clients with a transfer under way: a retransmitted request does not start a second one.
     busy: Mutex<HashSet<SocketAddr>>,
     local_ip: IpAddr,
@@ -198,16 +167,27 @@ impl Front {
                 filename, options, ..
             } => (filename, options),
         };
+        let real = match self.provisioning.tftp_file(client.ip(), &filename).await {
+            Ok(p) => p,
+            Err(refusal) => {
+                let (outcome, code) = match refusal {
+                    FileRefusal::Denied => ("denied", ErrorCode::AccessViolation),
+                    FileRefusal::NotFound => ("not_found", ErrorCode::FileNotFound),
+                    FileRefusal::Unavailable => ("unavailable", ErrorCode::NotDefined),
+                };
+                self.count(outcome);
+                tracing::info!(%client, file = %filename, outcome, "tftp refused");
+                return self.refuse(client, code).await;
+            }
+        };
         let front = self.clone();
-        let name = filename.clone();
-        let opened = tokio::task::spawn_blocking(move || front.files.open(Path::new(&name)))
+        let opened = tokio::task::spawn_blocking(move || front.files.open(&real))
             .await
             .unwrap_or(Err(ErrorCode::NotDefined));
         let source = match opened {
             Ok(s) => s,
             Err(code) => {
                 let outcome = match code {
-                    ErrorCode::AccessViolation => "denied",
                     ErrorCode::FileNotFound => "not_found",
                     _ => "failed",
                 };
@@ -219,14 +199,6 @@ impl Front {
         let len = source.len();
         self.count("served");
         tracing::info!(%client, file = %filename, bytes = len, "tftp read");
-        if let (Some(t), IpAddr::V4(ip)) = (&self.timeline, client.ip()) {
-            t.record(Step {
-                kind: "tftp.read",
-                mac: None,
-                ip: Some(ip),
-                detail: serde_json::json!({"file": filename, "bytes": len}),
-            });
-        }
         let neg = transfer::negotiate(&options, self.limits, len);
         let socket = match self.socket(client).await {
             Ok(s) => s,
@@ -247,13 +219,12 @@ impl Front {
 /// Receive buffer of the server port.
 const REQUEST_BUFFER: usize = 4 << 20;
 
-/// Serve `root` on an already-bound socket until `shutdown`.
+/// Serve the boot files `provisioning` hands out on an already-bound socket until `shutdown`.
 pub async fn serve(
     socket: std::net::UdpSocket,
-    root: PathBuf,
+    provisioning: ProvisioningService,
     opts: TftpOptions,
     metrics: Arc<Metrics>,
-    timeline: Option<Timeline>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let requests = Family::<OutcomeLabel, Counter>::default();
@@ -270,13 +241,13 @@ pub async fn serve(
     }
     let socket = UdpSocket::from_std(socket)?;
     let front = Arc::new(Front {
-        files: Files::new(&root)?,
+        files: Files::default(),
         limits: transfer::Limits {
             max_block_size: opts.max_block_size,
             max_window_size: opts.max_window_size,
         },
         requests,
-        timeline,
+        provisioning,
         busy: Mutex::default(),
         local_ip: socket.local_addr()?.ip(),
     });
@@ -325,61 +296,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn resolution_stays_in_the_root() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let root = std::fs::canonicalize(dir.path().join(".")).expect("root");
-        std::fs::create_dir(root.join("sub")).expect("sub");
-        std::fs::write(root.join("ipxe.efi"), b"x").expect("file");
-        std::fs::write(root.join("sub/a"), b"x").expect("file");
-        let outside = tempfile::tempdir().expect("tmp");
-        std::fs::write(outside.path().join("secret"), b"s").expect("file");
-        std::os::unix::fs::symlink(outside.path().join("secret"), root.join("link"))
-            .expect("symlink");
-        std::os::unix::fs::symlink(root.join("ipxe.efi"), root.join("inside")).expect("symlink");
-        let ok = |p: &str| resolve_in(&root, Path::new(p));
-        assert!(ok("ipxe.efi").is_ok());
-        assert!(ok("/ipxe.efi").is_ok());
-        assert!(ok("./sub/a").is_ok());
-        assert!(ok("inside").is_ok(), "a symlink inside the root is fine");
-        assert!(matches!(
-            ok("../etc/passwd"),
-            Err(ErrorCode::AccessViolation)
-        ));
-        assert!(matches!(
-            ok("sub/../ipxe.efi"),
-            Err(ErrorCode::AccessViolation)
-        ));
-        assert!(matches!(ok("link"), Err(ErrorCode::AccessViolation)));
-        assert!(matches!(ok("sub"), Err(ErrorCode::FileNotFound)));
-        assert!(matches!(ok("missing"), Err(ErrorCode::FileNotFound)));
-        assert!(
-            matches!(ok("/etc/passwd"), Err(ErrorCode::FileNotFound)),
-            "absolute paths are inside the root"
-        );
-    }
-
-    #[test]
     fn small_files_are_shared_until_they_change() {
         let dir = tempfile::tempdir().expect("tmp");
         std::fs::write(dir.path().join("a"), b"one").expect("file");
-        let files = Files::new(dir.path()).expect("root");
+        let files = Files::default();
+        let a = dir.path().join("a");
         let bytes = |s: Source| match s {
             Source::Shared(b) => b,
             Source::File(..) => panic!("a small file is shared"),
         };
-        let first = bytes(files.open(Path::new("a")).expect("open"));
-        let again = bytes(files.open(Path::new("/a")).expect("open"));
+        let first = bytes(files.open(&a).expect("open"));
+        let again = bytes(files.open(&a).expect("open"));
         assert!(Arc::ptr_eq(&first, &again), "read once");
         // Replaced (a new inode), as an upgrade of the iPXE binaries would.
         std::fs::write(dir.path().join("a.new"), b"two!").expect("file");
         std::fs::rename(dir.path().join("a.new"), dir.path().join("a")).expect("rename");
-        assert_eq!(
-            &bytes(files.open(Path::new("a")).expect("open"))[..],
-            b"two!"
-        );
+        assert_eq!(&bytes(files.open(&a).expect("open"))[..], b"two!");
         assert!(matches!(
-            files.open(Path::new("../a")),
-            Err(ErrorCode::AccessViolation)
+            files.open(&dir.path().join("missing")),
+            Err(ErrorCode::FileNotFound)
         ));
     }
 }

@@ -5,25 +5,21 @@ use crate::support;
 
 use std::path::Path;
 use std::process::Command;
-use std::sync::Arc;
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 use support::{Backend, TestServer};
-use tokio_util::sync::CancellationToken;
 
-async fn tftp_server(root: &Path) -> (std::net::SocketAddr, CancellationToken) {
-    let sock = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
-    let addr = sock.local_addr().expect("addr");
-    let stop = CancellationToken::new();
-    let metrics = Arc::new(plinth::metrics::Metrics::new());
-    let opts = plinth::tftp::TftpOptions {
-        max_block_size: 1468,
-        max_window_size: 16,
-    };
-    let (root, s) = (root.to_path_buf(), stop.clone());
-    tokio::spawn(async move { plinth::tftp::serve(sock, root, opts, metrics, None, s).await });
-    (addr, stop)
+/// A server whose TFTP (on a loopback port) serves the boot files in `root`.
+async fn tftp_server(root: &Path) -> TestServer {
+    TestServer::start_with(
+        Backend::Sqlite,
+        &format!(
+            "[boot]\nipxe_dir = \"{}\"\n[tftp]\nenabled = true\nlisten = \"127.0.0.1:0\"\nmax_block_size = 1468\nmax_window_size = 16\n",
+            root.display()
+        ),
+    )
+    .await
 }
 
 fn payload(n: usize) -> Vec<u8> {
@@ -39,7 +35,8 @@ async fn tftp_serves_read_only_inside_its_root() {
     std::fs::write(root.join("ipxe.efi"), &big).expect("file");
     std::fs::write(dir.path().join("secret"), b"outside").expect("outside");
     std::os::unix::fs::symlink(dir.path().join("secret"), root.join("escape")).expect("symlink");
-    let (addr, stop) = tftp_server(&root).await;
+    let server = tftp_server(&root).await;
+    let addr = server.tftp_addr.expect("tftp on");
     let url = |f: &str| format!("tftp://{addr}/{f}");
 
     // curl, default and large block sizes.
@@ -151,7 +148,7 @@ async fn tftp_serves_read_only_inside_its_root() {
         assert!(k.wait().expect("wait").success());
         assert_eq!(std::fs::read(&out).expect("read").len(), big.len());
     }
-    stop.cancel();
+    server.finish().await;
 }
 
 async fn get(s: &TestServer, path: &str) -> reqwest::Response {

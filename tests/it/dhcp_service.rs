@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use plinth::domain::dhcp::{Arch, BootClient, BootFiles, Ipv4Range, Subnet, SubnetMode};
 use plinth::domain::MacAddr;
-use plinth::service::dhcp::{
+use plinth::service::provisioning::dhcp::{
     DhcpRequest, DhcpService, LeaseTiming, Outcome, ReplyKind, RequestKind,
 };
 use plinth::service::{InventoryStore, LeaseClaim, LeaseState, LeaseStore};
@@ -47,6 +47,7 @@ fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
         remote_id: None,
         proxy_port: false,
         local_ips: vec!["10.20.0.1".parse().expect("ip")],
+        interface: None,
     }
 }
 
@@ -86,7 +87,7 @@ fn service(store: Arc<dyn InventoryStore>) -> DhcpService {
     )
 }
 
-fn reply(o: Outcome) -> plinth::service::dhcp::DhcpReply {
+fn reply(o: Outcome) -> plinth::service::provisioning::dhcp::DhcpReply {
     match o {
         Outcome::Reply(r) => r,
         Outcome::Silent(why) => panic!("no answer: {why}"),

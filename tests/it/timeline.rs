@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use plinth::domain::{Interface, MacAddr, Machine, MachineSpec};
 use plinth::service::inventory::Inventory;
-use plinth::service::timeline::{Step, Timeline};
+use plinth::service::provisioning::timeline::{Step, Timeline};
+use plinth::service::provisioning::Identities;
 use plinth::service::{EventFilter, InventoryStore, NewEvent, SecretBox};
 use support::{Backend, TestDb};
 use tokio_util::sync::CancellationToken;
@@ -62,13 +63,14 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
 
     // More steps than one batch, faster than the writer's gathering window.
     let stop = CancellationToken::new();
-    let timeline = Timeline::start(st.clone(), stop.clone());
+    let timeline = Timeline::start(st.clone(), Identities::new(st.clone()), stop.clone());
     const STEPS: usize = 700;
     for n in 0..STEPS {
         timeline.record(Step {
             kind: "dhcp.offer",
             mac: Some(mac),
             ip: None,
+            machine: None,
             detail: serde_json::json!({ "n": n }),
         });
     }
@@ -143,7 +145,7 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
         )
     };
     let stop = CancellationToken::new();
-    let timeline = Timeline::start(st.clone(), stop.clone());
+    let timeline = Timeline::start(st.clone(), Identities::new(st.clone()), stop.clone());
     let wait_for = |id, kind: &'static str, n: usize| {
         let st = st.clone();
         async move {
@@ -164,6 +166,7 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
         kind,
         mac,
         ip: Some(ip),
+        machine: None,
         detail: serde_json::json!({}),
     };
     // The first machine's lease and boot.

@@ -6,7 +6,7 @@
 //! downloaded an initramfs at once. The door parses request heads with `httparse`, then writes the
 //! response head and hands the file range to the kernel. Which file a path names (the pull-on-miss
 //! and declared-cluster rule), the `http.image` timeline step and the request metrics come from
-//! the same functions as the hyper route (`boot::resolve_image`, `files::answer`,
+//! the same places as the hyper route (`ProvisioningService::image`, `files::answer`,
 //! `metrics::observe`), so the two doors answer alike. The main port keeps serving `/images/`.
 //!
 //! Speaks: keep-alive (RFC 9112 section 9.3) and HTTP/1.0, pipelined requests in order, single
@@ -29,9 +29,10 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::boot::{resolve_image, ImageRequest, IMAGE_ROUTE};
+use super::boot::{image_refusal, IMAGE_ROUTE};
 use super::files::{self, Conditions};
 use super::AppState;
+use crate::service::provisioning::ImageRequest;
 use head::{Head, HeadError, Method, ResponseHead};
 
 /// The door's limits.
@@ -247,10 +248,10 @@ async fn answer(
         peer: peer.ip(),
         whole_get: h.method == Method::Get && h.range.is_none(),
     };
-    let opened = match resolve_image(&front.state, &r).await {
-        Ok((path, digest)) => files::open(&path).await.map(|f| (f, digest)),
-        Err(status) => {
-            let bytes = refuse(status, IMAGE_ROUTE, &[], keep);
+    let opened = match front.state.provisioning.image(&r).await {
+        Ok(found) => files::open(&found.path).await.map(|f| (f, found.sha256)),
+        Err(refusal) => {
+            let bytes = refuse(image_refusal(refusal), IMAGE_ROUTE, &[], keep);
             return write_then(stream, &bytes, keep, front.limits.send_stall).await;
         }
     };

@@ -130,6 +130,8 @@ pub struct TestServer {
     pub data_dir: PathBuf,
     /// `http://IP:PORT` of the image door, when the config turns it on.
     pub images_base: Option<String>,
+    /// Where TFTP listens, when the config turns it on.
+    pub tftp_addr: Option<std::net::SocketAddr>,
     running: Option<Running>,
 }
 
@@ -181,6 +183,7 @@ impl TestServer {
             viewer: t[2].clone(),
             data_dir: cfg.data_dir.clone(),
             images_base: running.images_addr.map(|a| format!("http://{a}")),
+            tftp_addr: running.tftp_addr,
             db,
             client: Client::new(),
             running: Some(running),

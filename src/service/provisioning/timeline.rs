@@ -1,9 +1,9 @@
 //! The boot timeline: every DHCP, TFTP and HTTP step seen for a machine, as events of that
-//! machine, so a tech can see where a boot stopped. Front doors report steps with what they know
-//! (a MAC, or only the client's address); a background task finds the machine (by MAC, else by
-//! the address's lease or reservation) and writes the events in batches, off the hot path: a
-//! front door never waits for the database, and when the queue is full a step is dropped and
-//! counted rather than slowing a boot.
+//! machine, so a tech can see where a boot stopped. The provisioning service reports steps with
+//! what it knows (the machine, a MAC, or only the client's address); a background task finds the
+//! machine (`Identities`: by MAC, else by the address's lease or reservation) and writes the
+//! events in batches, off the hot path: a boot never waits for the timeline's database writes, and
+//! when the queue is full a step is dropped and counted rather than slowing a boot.
 //!
 //! Imports `domain` and the rest of `service` only.
 
@@ -15,8 +15,9 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::store::{InventoryStore, NewEvent};
-use crate::domain::{MacAddr, UniqueKey};
+use super::identity::Identities;
+use crate::domain::{MacAddr, MachineId};
+use crate::service::store::{InventoryStore, NewEvent};
 
 /// One step of a boot.
 #[derive(Clone, Debug)]
@@ -27,6 +28,8 @@ pub struct Step {
     pub mac: Option<MacAddr>,
     /// The client's address.
     pub ip: Option<Ipv4Addr>,
+    /// The machine, when the front door's request was already resolved to one.
+    pub machine: Option<MachineId>,
     /// What happened (never secrets).
     pub detail: serde_json::Value,
 }
@@ -45,11 +48,15 @@ impl std::fmt::Debug for Timeline {
 }
 
 impl Timeline {
-    /// Start the writer over `store`; it stops when `stop` is cancelled (after writing what is
-    /// queued).
-    pub fn start(store: Arc<dyn InventoryStore>, stop: CancellationToken) -> Timeline {
+    /// Start the writer over `store`, finding machines through `identities`; it stops when
+    /// `stop` is cancelled (after writing what is queued).
+    pub fn start(
+        store: Arc<dyn InventoryStore>,
+        identities: Identities,
+        stop: CancellationToken,
+    ) -> Timeline {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(writer(store, rx, stop));
+        tokio::spawn(writer(store, identities, rx, stop));
         Timeline {
             tx,
             dropped: Counter::default(),
@@ -82,105 +89,29 @@ impl Timeline {
 /// half a minute).
 const QUEUE: usize = 65_536;
 
-async fn machine_of(
-    store: &Arc<dyn InventoryStore>,
-    step: &Step,
-) -> Option<crate::domain::MachineId> {
-    let mut mac = step.mac;
-    if mac.is_none() {
-        if let Some(ip) = step.ip {
-            if let Ok(Some(l)) = store.lease_by_ip(ip).await {
-                mac = Some(l.mac);
-            } else if let Ok(Some(m)) = store.find_machine(&UniqueKey::Ipv4(ip)).await {
-                return Some(m.id);
-            }
-        }
+/// The machine a step belongs to: the one it names, else the owner of its MAC, else the machine
+/// at its address. A look-up that fails loses the step (logged), never the writer.
+async fn machine_of(identities: &Identities, step: &Step) -> Option<MachineId> {
+    if step.machine.is_some() {
+        return step.machine;
     }
-    let mac = mac?;
-    store
-        .find_machine(&UniqueKey::Mac(mac))
-        .await
-        .ok()
-        .flatten()
-        .map(|m| m.id)
-}
-
-/// MAC -> machine and address -> machine, remembered for a while (unknown ones too), so a DHCP
-/// load of unknown clients does not cost a database look-up per packet, nor a boot's TFTP and HTTP
-/// steps (known by address only) two look-ups each. An ACK step (MAC and address) refreshes its
-/// address's entry, so an address that passes to another machine is attributed to the new one
-/// from its ACK on.
-struct MachineCache {
-    map: Remembered<MacAddr>,
-    by_ip: Remembered<Ipv4Addr>,
-}
-
-/// Key -> the machine it belonged to (or none) and when that was looked up.
-type Remembered<K> =
-    std::collections::HashMap<K, (Option<crate::domain::MachineId>, std::time::Instant)>;
-
-impl MachineCache {
-    const TTL: Duration = Duration::from_secs(10);
-
-    async fn machine_of(
-        &mut self,
-        store: &Arc<dyn InventoryStore>,
-        step: &Step,
-    ) -> Option<crate::domain::MachineId> {
-        let Some(mac) = step.mac else {
-            let ip = step.ip?;
-            if let Some(id) = Self::fresh(&self.by_ip, &ip) {
-                return id;
-            }
-            let id = machine_of(store, step).await;
-            Self::remember(&mut self.by_ip, ip, id);
-            return id;
-        };
-        let id = match Self::fresh(&self.map, &mac) {
-            Some(id) => id,
-            None => {
-                let id = machine_of(store, step).await;
-                Self::remember(&mut self.map, mac, id);
-                id
-            }
-        };
-        if let (Some(ip), "dhcp.ack") = (step.ip, step.kind) {
-            Self::remember(&mut self.by_ip, ip, id);
-        }
-        id
-    }
-
-    /// The remembered machine of `key`, while the entry is younger than `TTL`.
-    fn fresh<K: std::hash::Hash + Eq>(
-        map: &Remembered<K>,
-        key: &K,
-    ) -> Option<Option<crate::domain::MachineId>> {
-        map.get(key)
-            .filter(|(_, at)| at.elapsed() < Self::TTL)
-            .map(|(id, _)| *id)
-    }
-
-    fn remember<K: std::hash::Hash + Eq>(
-        map: &mut Remembered<K>,
-        key: K,
-        id: Option<crate::domain::MachineId>,
-    ) {
-        if map.len() > 100_000 {
-            map.clear();
-        }
-        map.insert(key, (id, std::time::Instant::now()));
-    }
+    let found = match (step.mac, step.ip) {
+        (Some(mac), _) => identities.machine_of_mac(mac).await,
+        (None, Some(ip)) => identities.machine_at(ip).await,
+        (None, None) => return None,
+    };
+    found.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, kind = step.kind, "boot timeline: machine look-up failed");
+        None
+    })
 }
 
 async fn writer(
     store: Arc<dyn InventoryStore>,
+    identities: Identities,
     mut rx: mpsc::Receiver<Step>,
     stop: CancellationToken,
 ) {
-    let mut cache = MachineCache {
-        map: std::collections::HashMap::new(),
-        by_ip: std::collections::HashMap::new(),
-    };
     let mut batch = Vec::new();
     loop {
         let first = tokio::select! {
@@ -199,7 +130,12 @@ async fn writer(
         }
         let mut events = Vec::with_capacity(batch.len());
         for step in batch.drain(..) {
-            let Some(id) = cache.machine_of(&store, &step).await else {
+            let machine = machine_of(&identities, &step).await;
+            if let ("dhcp.ack", Some(mac), Some(ip)) = (step.kind, step.mac, step.ip) {
+                // Steps after this one known by this address are the new holder's.
+                identities.acknowledged(ip, mac);
+            }
+            let Some(id) = machine else {
                 continue;
             };
             let mut detail = step.detail;

@@ -1,6 +1,7 @@
 //! DHCP decisions (RFC 2131 section 4.3): given a decoded request, decide the answer, with leases
 //! made durable before the answer exists. The whole decision is one `match` on (subnet mode,
-//! message kind) in `DhcpService::handle`; the wire format lives in `crate::dhcp`.
+//! message kind) in `DhcpService::handle`; the wire format lives in `crate::dhcp`, which asks
+//! through `ProvisioningService::dhcp`.
 //!
 //! What is durable: every ACK's lease (committed before the ACK exists), every release and decline.
 //! Offers are held in memory (RFC 2131 section 4.3.1 lets a server keep an offered address for the
@@ -14,10 +15,10 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use super::leases::{Lease, LeaseClaim, LeaseState, LeaseStore};
-use super::StoreError;
 use crate::domain::dhcp::{select_subnet, BootAnswer, BootClient, BootFiles, Subnet, SubnetMode};
 use crate::domain::MacAddr;
+use crate::service::leases::{Lease, LeaseClaim, LeaseState, LeaseStore};
+use crate::service::StoreError;
 
 /// Kind of a DHCP request (option 53).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,6 +62,8 @@ pub struct DhcpRequest {
     pub proxy_port: bool,
     /// Addresses of the interface it arrived on.
     pub local_ips: Vec<Ipv4Addr>,
+    /// The interface it arrived on, when the socket is bound to one.
+    pub interface: Option<String>,
 }
 
 /// Kind of an answer.

@@ -1,0 +1,264 @@
+//! Who is asking: a booting machine known by what its protocol tells (a MAC from DHCP or iPXE, an
+//! SMBIOS UUID and serial from iPXE, only an address from TFTP and HTTP downloads), resolved to a
+//! machine of the inventory, or registered as `discovered` when iPXE asks for an unknown one.
+//!
+//! MAC -> machine and address -> machine are remembered for a short while (unknown ones too), so
+//! that a storm of unknown clients does not cost a database look-up per packet and a boot's TFTP
+//! and HTTP steps (known by address only) do not cost two look-ups each. An ACK forgets what its
+//! address meant before, so an address that passes to another machine is attributed to the new one
+//! from its ACK on.
+//!
+//! Imports `domain` and the rest of `service`; nothing from a front door or a store.
+
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use crate::domain::boot::is_placeholder;
+use crate::domain::{
+    Interface, LifecycleState, MacAddr, Machine, MachineId, MachineSpec, UniqueKey,
+};
+use crate::service::store::{InventoryStore, StoreError};
+use crate::service::{Inventory, ServiceError};
+
+/// What iPXE tells about the machine in the query string of `/boot/machine.ipxe`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct BootIdentity {
+    /// Booting NIC's MAC (`${mac:hexhyp}` or colon form).
+    pub mac: Option<String>,
+    /// SMBIOS UUID.
+    pub uuid: Option<String>,
+    /// SMBIOS serial.
+    pub serial: Option<String>,
+    /// SMBIOS manufacturer.
+    pub manufacturer: Option<String>,
+    /// SMBIOS product.
+    pub product: Option<String>,
+    /// SMBIOS asset tag.
+    pub asset: Option<String>,
+    /// `i386`, `x86_64`, `arm64`.
+    pub buildarch: Option<String>,
+    /// `pcbios` or `efi`.
+    pub platform: Option<String>,
+}
+
+impl BootIdentity {
+    /// The booting NIC's MAC, when it parses.
+    pub fn mac(&self) -> Option<MacAddr> {
+        self.mac.as_deref().and_then(|m| m.trim().parse().ok())
+    }
+
+    /// The SMBIOS UUID, unless absent, unparsable, nil or all-ones (firmware placeholders).
+    pub fn smbios_uuid(&self) -> Option<uuid::Uuid> {
+        let u: uuid::Uuid = self.uuid.as_deref()?.trim().parse().ok()?;
+        (!u.is_nil() && !u.is_max()).then_some(u)
+    }
+}
+
+/// A SMBIOS text fact, unless it is a vendor placeholder; at most 255 characters.
+fn fact(v: &Option<String>) -> Option<String> {
+    v.as_deref()
+        .map(str::trim)
+        .filter(|s| !is_placeholder(s))
+        .map(|s| s.chars().take(255).collect())
+}
+
+/// Key -> the machine it belonged to (or none) and when that was looked up.
+type Remembered<K> = HashMap<K, (Option<MachineId>, Instant)>;
+
+/// The remembered look-ups (see the module's paragraph).
+#[derive(Default)]
+struct Cache {
+    by_mac: Remembered<MacAddr>,
+    by_ip: Remembered<Ipv4Addr>,
+}
+
+/// How long a look-up is remembered.
+const TTL: Duration = Duration::from_secs(10);
+/// Entries per map at most: past it the map starts over (a flood of random MACs cannot grow it).
+const MAX_ENTRIES: usize = 100_000;
+
+fn fresh<K: Hash + Eq>(map: &Remembered<K>, key: &K) -> Option<Option<MachineId>> {
+    map.get(key)
+        .filter(|(_, at)| at.elapsed() < TTL)
+        .map(|(id, _)| *id)
+}
+
+fn remember<K: Hash + Eq>(map: &mut Remembered<K>, key: K, id: Option<MachineId>) {
+    if map.len() >= MAX_ENTRIES {
+        map.clear();
+    }
+    map.insert(key, (id, Instant::now()));
+}
+
+/// Resolves booting clients to machines (see the module's paragraph).
+#[derive(Clone)]
+pub struct Identities {
+    store: Arc<dyn InventoryStore>,
+    cache: Arc<Mutex<Cache>>,
+}
+
+impl Identities {
+    /// Over `store`, remembering nothing yet.
+    pub fn new(store: Arc<dyn InventoryStore>) -> Self {
+        Identities {
+            store,
+            cache: Arc::default(),
+        }
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The machine that owns `mac`, if any.
+    pub async fn machine_of_mac(&self, mac: MacAddr) -> Result<Option<MachineId>, StoreError> {
+        if let Some(id) = fresh(&self.cache().by_mac, &mac) {
+            return Ok(id);
+        }
+        let id = self
+            .store
+            .find_machine(&UniqueKey::Mac(mac))
+            .await?
+            .map(|m| m.id);
+        remember(&mut self.cache().by_mac, mac, id);
+        Ok(id)
+    }
+
+    /// The machine at `ip`: the owner of the MAC its lease is bound to, else the machine that has
+    /// it reserved.
+    pub async fn machine_at(&self, ip: Ipv4Addr) -> Result<Option<MachineId>, StoreError> {
+        if let Some(id) = fresh(&self.cache().by_ip, &ip) {
+            return Ok(id);
+        }
+        let id = match self.store.lease_by_ip(ip).await? {
+            Some(lease) => self.machine_of_mac(lease.mac).await?,
+            None => self
+                .store
+                .find_machine(&UniqueKey::Ipv4(ip))
+                .await?
+                .map(|m| m.id),
+        };
+        remember(&mut self.cache().by_ip, ip, id);
+        Ok(id)
+    }
+
+    /// `ip` was just acknowledged to `mac`: whatever it meant before is forgotten.
+    pub fn acknowledged(&self, ip: Ipv4Addr, mac: MacAddr) {
+        let mut cache = self.cache();
+        match fresh(&cache.by_mac, &mac) {
+            Some(id) => remember(&mut cache.by_ip, ip, id),
+            None => {
+                cache.by_ip.remove(&ip);
+            }
+        }
+    }
+
+    /// A machine was registered with `mac`: it is no longer unknown.
+    fn registered(&self, mac: MacAddr, id: MachineId) {
+        remember(&mut self.cache().by_mac, mac, Some(id));
+    }
+
+    /// The machine behind an iPXE boot request (by MAC, else by SMBIOS UUID), or a new one
+    /// registered as `discovered` with the facts iPXE sent. The flag says it was just registered.
+    pub async fn find_or_discover(
+        &self,
+        inventory: &Inventory,
+        mac: MacAddr,
+        who: &BootIdentity,
+    ) -> Result<(Machine, bool), ServiceError> {
+        if let Some(m) = found(inventory.lookup(&UniqueKey::Mac(mac)).await)? {
+            return Ok((m, false));
+        }
+        if let Some(u) = who.smbios_uuid() {
+            if let Some(m) = found(inventory.lookup(&UniqueKey::SmbiosUuid(u)).await)? {
+                return Ok((m, false));
+            }
+        }
+        let full = MachineSpec {
+            smbios_uuid: who.smbios_uuid(),
+            serial: fact(&who.serial),
+            asset_tag: fact(&who.asset),
+            manufacturer: fact(&who.manufacturer),
+            model: fact(&who.product),
+            interfaces: vec![Interface {
+                mac,
+                ipv4: None,
+                boot: true,
+                name: None,
+            }],
+            ..Default::default()
+        };
+        let created = match inventory
+            .create_in_state(full.clone(), LifecycleState::Discovered, "boot")
+            .await
+        {
+            Ok(m) => (m, true),
+            Err(ServiceError::Conflict(c)) if c.iter().any(|c| c.field.ends_with(".mac")) => {
+                // Another request registered this MAC a moment ago.
+                (inventory.lookup(&UniqueKey::Mac(mac)).await?, false)
+            }
+            Err(ServiceError::Conflict(c)) => {
+                // A serial or asset tag that another machine holds: register without the disputed
+                // facts and say so; an operator sorts it out.
+                tracing::warn!(%mac, conflicts = ?c.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                    "discovered machine shares facts with a known one");
+                let bare = MachineSpec {
+                    serial: None,
+                    asset_tag: None,
+                    smbios_uuid: None,
+                    ..full
+                };
+                (
+                    inventory
+                        .create_in_state(bare, LifecycleState::Discovered, "boot")
+                        .await?,
+                    true,
+                )
+            }
+            Err(e) => return Err(e),
+        };
+        self.registered(mac, created.0.id);
+        Ok(created)
+    }
+}
+
+/// `Ok(None)` for "no such machine"; a store fault stays an error (never taken for "unknown").
+fn found(r: Result<Machine, ServiceError>) -> Result<Option<Machine>, ServiceError> {
+    match r {
+        Ok(m) => Ok(Some(m)),
+        Err(ServiceError::NotFound(_)) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_and_bad_uuids_are_no_facts() {
+        let who = BootIdentity {
+            uuid: Some("00000000-0000-0000-0000-000000000000".into()),
+            serial: Some("To be filled by O.E.M.".into()),
+            ..Default::default()
+        };
+        assert_eq!(who.smbios_uuid(), None);
+        assert_eq!(fact(&who.serial), None);
+        let who = BootIdentity {
+            uuid: Some(" 4c4c4544-0042-3910-8048-b4c04f4d4e31 ".into()),
+            mac: Some("52-54-00-aa-bb-01".into()),
+            ..Default::default()
+        };
+        assert!(who.smbios_uuid().is_some());
+        assert_eq!(
+            who.mac().map(|m| m.to_string()),
+            Some("52:54:00:aa:bb:01".into())
+        );
+        assert_eq!(fact(&Some("x".repeat(300))).map(|s| s.len()), Some(255));
+    }
+}
