@@ -292,8 +292,17 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         }
         let m = crate::dhcp::DhcpMetrics::register(&metrics);
         let (stop, service) = (shutdown.clone(), provisioning.clone());
+        let per_second = config
+            .dhcp
+            .as_ref()
+            .map_or(2000, |d| d.unknown_clients_per_second);
+        let rates = crate::dhcp::Rates {
+            unknown: f64::from(per_second),
+            unknown_burst: 2.0 * f64::from(per_second),
+            ..Default::default()
+        };
         let done = on_own_runtime("plinth-dhcp", 2, move || {
-            crate::dhcp::serve(dhcp_sockets, service, m, stop)
+            crate::dhcp::serve(dhcp_sockets, service, m, rates, stop)
         })?;
         tasks.spawn(done);
     }

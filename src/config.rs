@@ -165,6 +165,9 @@ pub struct RawDhcp {
     pub offer_seconds: Option<u32>,
     /// How long a declined address stays quarantined, seconds.
     pub decline_quarantine_seconds: Option<u32>,
+    /// Requests per second from clients the inventory does not know, per interface or relay
+    /// (default 2000; 0: no limit). Known machines are never held back by it.
+    pub unknown_clients_per_second: Option<u32>,
     /// `[[dhcp.subnet]]` tables.
     #[serde(default)]
     pub subnet: Vec<RawSubnet>,
@@ -197,6 +200,15 @@ pub struct RawSubnet {
     pub domain: Option<String>,
     /// Option 51.
     pub lease_seconds: Option<u32>,
+    /// Relay agents that forward this subnet's requests (their addresses as UDP sources);
+    /// relayed requests from anywhere else are not answered.
+    #[serde(default)]
+    pub relay_agents: Vec<String>,
+    /// Share of the pool that clients the inventory does not know may hold at once (0-1,
+    /// default 0.5): a flood of made-up MACs leaves the rest to known machines.
+    pub unknown_share: Option<f64>,
+    /// Addresses one relay circuit (a switch port, option 82) may hold at once (default 4).
+    pub leases_per_circuit: Option<u32>,
 }
 
 /// `[database]`.
@@ -337,6 +349,8 @@ pub struct DhcpConfig {
     pub offer_seconds: u32,
     /// Decline quarantine.
     pub decline_seconds: u32,
+    /// Requests per second of unknown clients per interface or relay (0: no limit).
+    pub unknown_clients_per_second: u32,
     /// Subnets.
     pub subnets: Vec<crate::domain::dhcp::Subnet>,
 }
@@ -447,6 +461,27 @@ impl RawDhcp {
                 ntp: list("ntp", &raw.ntp)?,
                 domain: raw.domain,
                 lease_seconds,
+                relay_agents: list("relay_agents", &raw.relay_agents)?,
+                unknown_permille: match raw.unknown_share {
+                    None => 500,
+                    Some(v) if (0.0..=1.0).contains(&v) => (v * 1000.0).round() as u16,
+                    Some(_) => {
+                        return Err(ConfigError::new(
+                            &k("unknown_share"),
+                            "must be between 0 and 1 (a share of the pool)",
+                        ))
+                    }
+                },
+                leases_per_circuit: match raw.leases_per_circuit {
+                    None => 4,
+                    Some(0) => {
+                        return Err(ConfigError::new(
+                            &k("leases_per_circuit"),
+                            "must be at least 1",
+                        ))
+                    }
+                    Some(n) => n,
+                },
             };
             if let Some(o) = subnets
                 .iter()
@@ -470,6 +505,7 @@ impl RawDhcp {
             boot_url,
             offer_seconds: self.offer_seconds.unwrap_or(60).max(5),
             decline_seconds: self.decline_quarantine_seconds.unwrap_or(3600),
+            unknown_clients_per_second: self.unknown_clients_per_second.unwrap_or(2000),
             subnets,
         }))
     }

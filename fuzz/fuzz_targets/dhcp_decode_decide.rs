@@ -35,6 +35,9 @@ fn subnet(net: &str, server: &str, pool: Option<&str>, mode: SubnetMode) -> Subn
         ntp: vec![],
         domain: Some("fuzz.test".into()),
         lease_seconds: 600,
+        relay_agents: vec![Ipv4Addr::new(10, 20, 0, 254)],
+        unknown_permille: 500,
+        leases_per_circuit: 4,
     }
 }
 
@@ -103,13 +106,21 @@ fuzz_target!(|data: &[u8]| {
         2 => &[Ipv4Addr::new(10, 50, 0, 1)],
         _ => &[],
     };
-    let (msg, req) = match wire::decode(data, proxy_port, local) {
+    let (msg, mut req) = match wire::decode(data, proxy_port, local) {
         Ok(x) => x,
         Err(reason) => {
             assert!(!reason.is_empty());
             return;
         }
     };
+    // Where it came from (the relay agent, a client's own address, or none yet) and whether the
+    // inventory knows the MAC, from two more bits.
+    req.source = match (sel >> 3) & 3 {
+        0 => Ipv4Addr::new(10, 20, 0, 254),
+        1 => req.ciaddr,
+        _ => Ipv4Addr::UNSPECIFIED,
+    };
+    req.known = (sel >> 5) & 1 == 1;
     let outcome = c
         .rt
         .block_on(c.service.handle(&req))

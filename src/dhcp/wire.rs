@@ -115,6 +115,8 @@ pub fn decode(
         proxy_port,
         local_ips: local_ips.to_vec(),
         interface: None,
+        source: Ipv4Addr::UNSPECIFIED,
+        known: false,
     };
     Ok((msg, req))
 }

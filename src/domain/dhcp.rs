@@ -261,6 +261,15 @@ pub struct Subnet {
     pub domain: Option<String>,
     /// Option 51, seconds.
     pub lease_seconds: u32,
+    /// Addresses relayed requests for this subnet may come from (the relay agents' own
+    /// addresses, as UDP sources). A request whose `giaddr` names this subnet from anywhere else is
+    /// not answered: anyone on a local segment can write a `giaddr`.
+    pub relay_agents: Vec<Ipv4Addr>,
+    /// Share of the pool that clients the inventory does not know may hold at once, in
+    /// thousandths (0-1000).
+    pub unknown_permille: u16,
+    /// Addresses one relay circuit (option 82 circuit id: a switch port) may hold at once.
+    pub leases_per_circuit: u32,
 }
 
 impl Subnet {
@@ -280,31 +289,74 @@ impl Subnet {
     }
 }
 
-/// The subnet a request belongs to (RFC 2131 section 4.3.1): the relay's `giaddr` when set, else
-/// the client's `ciaddr` when set, else the subnet of the interface it arrived on.
-pub fn select_subnet<'a>(
-    subnets: &'a [Subnet],
+/// Why a request belongs to no subnet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoSubnet {
+    /// No configured subnet matches.
+    Unknown,
+    /// A `giaddr` that names a subnet, from an address that is not one of its relay agents.
+    UntrustedRelay,
+}
+
+impl NoSubnet {
+    /// The drop reason counted for it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            NoSubnet::Unknown => "no_subnet",
+            NoSubnet::UntrustedRelay => "relay_not_trusted",
+        }
+    }
+}
+
+/// The subnet a request belongs to (RFC 2131 section 4.3.1): the relay's `giaddr` when set (and
+/// the datagram came from one of that subnet's relay agents, or the subnet is on the arrival
+/// interface and the relay sent from its `giaddr` itself, as a relay on the same segment does),
+/// else the client's `ciaddr` when set
+/// (a subnet of the arrival interface, or a relayed one), else the subnet of the interface it
+/// arrived on (`local`: that interface's addresses only).
+pub fn select_subnet<'a, S: AsRef<Subnet>>(
+    subnets: &'a [S],
     giaddr: Ipv4Addr,
     ciaddr: Ipv4Addr,
     local: &[Ipv4Addr],
-) -> Option<&'a Subnet> {
-    let by = |ip: Ipv4Addr| subnets.iter().find(|s| s.net.contains(&ip));
+    source: Ipv4Addr,
+) -> Result<&'a S, NoSubnet> {
+    let by = |ip: Ipv4Addr| subnets.iter().find(|s| s.as_ref().net.contains(&ip));
     if !giaddr.is_unspecified() {
-        return by(giaddr);
+        let found = by(giaddr).ok_or(NoSubnet::Unknown)?;
+        let s = found.as_ref();
+        let on_segment = giaddr == source && local.iter().any(|ip| s.net.contains(ip));
+        return if s.relay_agents.contains(&source) || on_segment {
+            Ok(found)
+        } else {
+            Err(NoSubnet::UntrustedRelay)
+        };
     }
     if !ciaddr.is_unspecified() {
-        if let Some(s) = by(ciaddr) {
-            return Some(s);
+        if let Some(found) = by(ciaddr) {
+            let s = found.as_ref();
+            let here = local.iter().any(|ip| s.net.contains(ip));
+            if here || !s.relay_agents.is_empty() {
+                return Ok(found);
+            }
         }
     }
     local
         .iter()
         .find_map(|ip| {
-            subnets
-                .iter()
-                .find(|s| s.net.contains(ip) && s.server_ip == *ip)
+            subnets.iter().find(|s| {
+                let s = s.as_ref();
+                s.net.contains(ip) && s.server_ip == *ip
+            })
         })
         .or_else(|| local.iter().find_map(|ip| by(*ip)))
+        .ok_or(NoSubnet::Unknown)
+}
+
+impl AsRef<Subnet> for Subnet {
+    fn as_ref(&self) -> &Subnet {
+        self
+    }
 }
 
 #[cfg(test)]
@@ -422,21 +474,82 @@ mod tests {
             ntp: vec![],
             domain: None,
             lease_seconds: 3600,
+            relay_agents: vec![],
+            unknown_permille: 500,
+            leases_per_circuit: 4,
         };
-        let subnets = vec![s("10.0.0.0/24", "10.0.0.1"), s("10.0.1.0/24", "10.0.0.1")];
+        let relay: Ipv4Addr = "10.0.0.254".parse().expect("ip");
+        let mut relayed = s("10.0.1.0/24", "10.0.0.1");
+        relayed.relay_agents = vec![relay];
+        let subnets = vec![
+            s("10.0.0.0/24", "10.0.0.1"),
+            relayed,
+            s("10.0.9.0/24", "10.0.9.1"),
+        ];
+        let ip = |v: &str| v.parse::<Ipv4Addr>().expect("ip");
         let z = Ipv4Addr::UNSPECIFIED;
-        let local = ["10.0.0.1".parse().expect("ip")];
+        let local = [ip("10.0.0.1")];
+        let key = |r: Result<&Subnet, NoSubnet>| r.map(Subnet::key);
         assert_eq!(
-            select_subnet(&subnets, "10.0.1.1".parse().expect("ip"), z, &local).map(|s| s.key()),
-            Some("10.0.1.0/24".into())
+            key(select_subnet(&subnets, ip("10.0.1.1"), z, &local, relay)),
+            Ok("10.0.1.0/24".into())
         );
         assert_eq!(
-            select_subnet(&subnets, z, z, &local).map(|s| s.key()),
-            Some("10.0.0.0/24".into())
+            key(select_subnet(
+                &subnets,
+                ip("10.0.1.1"),
+                z,
+                &local,
+                ip("10.0.0.77")
+            )),
+            Err(NoSubnet::UntrustedRelay),
+            "a giaddr written by a client on the local segment"
         );
         assert_eq!(
-            select_subnet(&subnets, "192.168.0.1".parse().expect("ip"), z, &local),
-            None
+            key(select_subnet(&subnets, z, z, &local, z)),
+            Ok("10.0.0.0/24".into())
+        );
+        // A relay on the segment itself, sending from its giaddr (perfdhcp does): its own subnet.
+        assert_eq!(
+            key(select_subnet(
+                &subnets,
+                ip("10.0.0.2"),
+                z,
+                &local,
+                ip("10.0.0.2")
+            )),
+            Ok("10.0.0.0/24".into())
+        );
+        assert_eq!(
+            key(select_subnet(&subnets, ip("192.168.0.1"), z, &local, relay)),
+            Err(NoSubnet::Unknown)
+        );
+        // Arrived on another interface (a management LAN): nothing.
+        assert_eq!(
+            key(select_subnet(&subnets, z, z, &[ip("192.168.77.1")], z)),
+            Err(NoSubnet::Unknown)
+        );
+        // ciaddr: a subnet of the arrival interface, or a relayed one, never another LAN's.
+        assert_eq!(
+            key(select_subnet(
+                &subnets,
+                z,
+                ip("10.0.1.20"),
+                &local,
+                ip("10.0.1.20")
+            )),
+            Ok("10.0.1.0/24".into())
+        );
+        assert_eq!(
+            key(select_subnet(
+                &subnets,
+                z,
+                ip("10.0.9.20"),
+                &local,
+                ip("10.0.9.20")
+            )),
+            Ok("10.0.0.0/24".into()),
+            "10.0.9.0/24 is not on this interface: the interface decides"
         );
     }
 }

@@ -125,6 +125,8 @@ server_ip = "10.78.0.1"
 pool = ["10.78.1.0-10.78.15.254"]
 routers = ["10.78.0.1"]
 lease_seconds = 3600
+# perfdhcp's clients are all unknown to the inventory, and more than half the pool
+unknown_share = 1.0
 "#;
 
 /// perfdhcp simulates `clients` distinct clients (it always talks as a relay: giaddr is its own
@@ -235,6 +237,13 @@ server_ip = "10.79.0.1"
 pool = ["10.80.0.100-10.80.0.250"]
 routers = ["10.80.0.1"]
 lease_seconds = 600
+# the relay host sends from either of its addresses (perfdhcp from its -l address, the agent
+# below from its address on the link to Plinth)
+relay_agents = ["10.80.0.1", "10.79.0.2"]
+# perfdhcp puts all its hundred clients, unknown to the inventory, behind one switch port (one
+# circuit id), in a pool of 151
+leases_per_circuit = 1000
+unknown_share = 1.0
 "#,
     );
     // Option 82: circuit id "Gi1/0/7", remote id "sw-rack4".

@@ -30,8 +30,14 @@ fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
         ntp: vec![],
         domain: None,
         lease_seconds: 600,
+        relay_agents: vec![RELAY.parse().expect("ip")],
+        unknown_permille: 500,
+        leases_per_circuit: 4,
     }
 }
+
+/// The relay agent the test subnets trust.
+const RELAY: &str = "10.20.0.254";
 
 fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
     DhcpRequest {
@@ -48,6 +54,8 @@ fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
         proxy_port: false,
         local_ips: vec!["10.20.0.1".parse().expect("ip")],
         interface: None,
+        source: Ipv4Addr::UNSPECIFIED,
+        known: true,
     }
 }
 
@@ -183,9 +191,22 @@ async fn rfc2131_request_rules(b: Backend) {
     r.ciaddr = a;
     let ack = reply(svc.handle(&r).await.expect("renew"));
     assert_eq!((ack.kind, ack.yiaddr), (ReplyKind::Ack, a));
-    // RELEASE frees the address; DECLINE quarantines one.
+    // RELEASE frees the address, only from the address itself (a spoofed RELEASE from another
+    // address, or a broadcast one, frees nothing); DECLINE quarantines one.
     let mut r = req(RequestKind::Release, "52:54:00:20:00:01");
     r.ciaddr = a;
+    for spoofed in ["10.20.0.66", "0.0.0.0"] {
+        r.source = spoofed.parse().expect("ip");
+        assert_eq!(
+            svc.handle(&r).await.expect("release"),
+            Outcome::Silent("release_not_from_lease_address")
+        );
+        assert_eq!(
+            st.lease_by_ip(a).await.expect("l").expect("row").state,
+            LeaseState::Bound
+        );
+    }
+    r.source = a;
     assert_eq!(
         svc.handle(&r).await.expect("release"),
         Outcome::Silent("released")
@@ -195,6 +216,13 @@ async fn rfc2131_request_rules(b: Backend) {
         LeaseState::Released
     );
     let b_ip = dora(&svc, "52:54:00:20:00:04").await;
+    // Only the lease's own MAC declines it.
+    let mut r = req(RequestKind::Decline, "52:54:00:20:00:05");
+    r.requested_ip = Some(b_ip);
+    assert_eq!(
+        svc.handle(&r).await.expect("decline"),
+        Outcome::Silent("decline_not_of_a_fresh_lease")
+    );
     let mut r = req(RequestKind::Decline, "52:54:00:20:00:04");
     r.requested_ip = Some(b_ip);
     assert_eq!(
@@ -298,6 +326,13 @@ async fn relayed_requests_record_option_82(b: Backend) {
     let mut d = req(RequestKind::Discover, "52:54:00:22:00:01");
     d.giaddr = "10.30.0.1".parse().expect("ip");
     d.local_ips = vec![];
+    // A giaddr written by a client on the local segment (not from the relay agent): silence.
+    d.source = "10.20.0.66".parse().expect("ip");
+    assert_eq!(
+        svc.handle(&d).await.expect("d"),
+        Outcome::Silent("relay_not_trusted")
+    );
+    d.source = RELAY.parse().expect("ip");
     d.circuit_id = Some(b"Gi1/0/7".to_vec());
     d.remote_id = Some(b"leaf-12".to_vec());
     let offer = reply(svc.handle(&d).await.expect("discover"));
@@ -532,7 +567,62 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     db.drop_db().await;
 }
 
+/// The pool cannot be emptied by made-up clients: MACs the inventory does not know hold at most
+/// half the pool (REQUESTs straight for each address, as a flood would send them, included), one
+/// relay circuit at most its share, and a known machine still gets an address afterwards.
+async fn unknown_clients_and_circuits_hold_at_most_their_quota(b: Backend) {
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let svc = service(st.clone());
+    // The pool 10.20.0.100-109: ten addresses, five for unknown clients.
+    let mut bound = 0;
+    let mut refused = 0;
+    for n in 0..10u8 {
+        let mut r = req(RequestKind::Request, &format!("02:00:00:66:00:{n:02x}"));
+        r.known = false;
+        r.requested_ip = Some(format!("10.20.0.{}", 100 + n).parse().expect("ip"));
+        match svc.handle(&r).await.expect("request") {
+            Outcome::Reply(a) if a.kind == ReplyKind::Ack => bound += 1,
+            Outcome::Silent("quota_unknown_clients") => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((bound, refused), (5, 5));
+    let mut d = req(RequestKind::Discover, "02:00:00:66:01:01");
+    d.known = false;
+    assert_eq!(
+        svc.handle(&d).await.expect("d"),
+        Outcome::Silent("quota_unknown_clients")
+    );
+    // A machine the inventory knows is not held back.
+    let ip = dora(&svc, "52:54:00:66:00:01").await;
+    assert!(ip.to_string().starts_with("10.20.0.1"), "{ip}");
+    // Relayed: one circuit (a switch port) holds at most four addresses.
+    let mut acked = 0;
+    for n in 0..6u8 {
+        let mut d = req(RequestKind::Discover, &format!("52:54:00:66:02:{n:02x}"));
+        d.giaddr = "10.30.0.1".parse().expect("ip");
+        d.source = RELAY.parse().expect("ip");
+        d.local_ips = vec![];
+        d.circuit_id = Some(b"Gi1/0/9".to_vec());
+        if let Outcome::Reply(o) = svc.handle(&d).await.expect("discover") {
+            let mut r = d.clone();
+            r.kind = RequestKind::Request;
+            r.requested_ip = Some(o.yiaddr);
+            r.server_id = Some(o.server_ip);
+            if let Outcome::Reply(a) = svc.handle(&r).await.expect("request") {
+                if a.kind == ReplyKind::Ack {
+                    acked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(acked, 4, "four leases on one circuit");
+    db.drop_db().await;
+}
+
 both_backends!(
+    unknown_clients_and_circuits_hold_at_most_their_quota,
     concurrent_claims_are_batched_and_exclusive,
     rfc2131_request_rules,
     pool_exhaustion_and_reservations,

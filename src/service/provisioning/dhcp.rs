@@ -62,8 +62,12 @@ pub struct DhcpRequest {
     pub proxy_port: bool,
     /// Addresses of the interface it arrived on.
     pub local_ips: Vec<Ipv4Addr>,
-    /// The interface it arrived on, when the socket is bound to one.
+    /// The interface it arrived on.
     pub interface: Option<String>,
+    /// The datagram's source address (a relay agent's, or the client's own once it has one).
+    pub source: Ipv4Addr,
+    /// The inventory knows the client's MAC (new pool addresses for unknown clients are rationed).
+    pub known: bool,
 }
 
 /// Kind of an answer.
@@ -87,7 +91,7 @@ pub struct DhcpReply {
     /// Option 54 and `siaddr`.
     pub server_ip: Ipv4Addr,
     /// The subnet's options (absent on NAK).
-    pub subnet: Option<Subnet>,
+    pub subnet: Option<Arc<Subnet>>,
     /// Option 51 (absent for INFORM, proxy, NAK).
     pub lease_seconds: Option<u32>,
     /// Boot file for network-booting clients.
@@ -241,10 +245,38 @@ fn reusable(l: &Lease, mac: MacAddr, now: i64) -> bool {
         || matches!(l.state, LeaseState::Released | LeaseState::Expired)
 }
 
+/// Addresses held by clients the inventory does not know, and by relay circuits, per subnet: the
+/// quotas that keep a flood of made-up MACs (or one switch port) from taking the whole pool. In
+/// memory, per instance (instances sharing PostgreSQL each keep their own share).
+#[derive(Default)]
+struct Quota {
+    /// Address -> (holder, until (Unix ms), relay circuit).
+    holds: HashMap<Ipv4Addr, (MacAddr, i64, Option<String>)>,
+}
+
+/// Why a new address was not given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum OverQuota {
+    /// Unknown clients hold their share of the pool.
+    Unknown,
+    /// This relay circuit holds its leases.
+    Circuit,
+}
+
+impl OverQuota {
+    fn reason(self) -> &'static str {
+        match self {
+            OverQuota::Unknown => "quota_unknown_clients",
+            OverQuota::Circuit => "quota_relay_circuit",
+        }
+    }
+}
+
 /// DHCP use cases.
 pub struct DhcpService {
+    quotas: Mutex<HashMap<String, Quota>>,
     store: Arc<dyn LeaseStore>,
-    subnets: Vec<Subnet>,
+    subnets: Vec<Arc<Subnet>>,
     boot: BootFiles,
     timing: LeaseTiming,
     pools: Mutex<HashMap<String, PoolHint>>,
@@ -264,6 +296,10 @@ fn hex(b: &Option<Vec<u8>>) -> Option<String> {
     b.as_ref().map(hex::encode)
 }
 
+/// How long after its ACK a lease may be declined: a client declines right after the ACK, when its
+/// ARP probe finds the address taken (RFC 2131 section 2.2), not an hour later.
+const DECLINE_WINDOW_MS: i64 = 120_000;
+
 /// How many pool addresses one DISCOVER may try before giving up.
 const MAX_TRIES: usize = 64;
 
@@ -276,8 +312,9 @@ impl DhcpService {
         timing: LeaseTiming,
     ) -> Self {
         Self {
+            quotas: Mutex::default(),
             store,
-            subnets,
+            subnets: subnets.into_iter().map(Arc::new).collect(),
             boot,
             timing,
             pools: Mutex::new(HashMap::new()),
@@ -288,15 +325,21 @@ impl DhcpService {
     }
 
     /// The configured subnets.
-    pub fn subnets(&self) -> &[Subnet] {
+    pub fn subnets(&self) -> &[Arc<Subnet>] {
         &self.subnets
     }
 
     /// Decide the answer to one request.
     pub async fn handle(&self, req: &DhcpRequest) -> Result<Outcome, StoreError> {
-        let Some(subnet) = select_subnet(&self.subnets, req.giaddr, req.ciaddr, &req.local_ips)
-        else {
-            return Ok(Outcome::Silent("no_subnet"));
+        let subnet = match select_subnet(
+            &self.subnets,
+            req.giaddr,
+            req.ciaddr,
+            &req.local_ips,
+            req.source,
+        ) {
+            Ok(s) => s,
+            Err(why) => return Ok(Outcome::Silent(why.reason())),
         };
         let _client = match self.clients.get(scan_start(req.mac, CLIENT_STRIPES)) {
             Some(stripe) => Some(stripe.lock().await),
@@ -317,10 +360,75 @@ impl DhcpService {
         }
     }
 
+    /// May `req`'s client take `ip` until `until`? Known clients of unrelayed requests always
+    /// may; unknown clients up to their share of the pool, relayed ones up to their circuit's
+    /// leases. A `true` records the hold.
+    fn within_quota(
+        &self,
+        req: &DhcpRequest,
+        subnet: &Arc<Subnet>,
+        ip: Ipv4Addr,
+        until: i64,
+    ) -> Result<(), OverQuota> {
+        let circuit = subnet
+            .relay_agents
+            .contains(&req.source)
+            .then(|| hex(&req.circuit_id))
+            .flatten();
+        let Ok(mut quotas) = self.quotas.lock() else {
+            return Ok(());
+        };
+        let q = quotas.entry(subnet.key()).or_default();
+        if req.known && circuit.is_none() {
+            // A client the inventory knows now (discovered since) no longer counts as unknown.
+            if q.holds.get(&ip).is_some_and(|(mac, _, _)| *mac == req.mac) {
+                q.holds.remove(&ip);
+            }
+            return Ok(());
+        }
+        let now = now_ms();
+        if let Some((mac, _, _)) = q.holds.get(&ip) {
+            if *mac == req.mac {
+                q.holds.insert(ip, (req.mac, until, circuit));
+                return Ok(());
+            }
+        }
+        q.holds.retain(|_, (_, held_until, _)| *held_until >= now);
+        let pool: u64 = subnet.pool.iter().map(|r| r.len()).sum();
+        if !req.known {
+            let share = (pool * u64::from(subnet.unknown_permille) / 1000).max(1) as usize;
+            let unknown = q.holds.values().filter(|(m, _, _)| *m != req.mac).count();
+            if unknown >= share {
+                return Err(OverQuota::Unknown);
+            }
+        }
+        if let Some(c) = &circuit {
+            let on_circuit = q
+                .holds
+                .values()
+                .filter(|(m, _, held)| held.as_ref() == Some(c) && *m != req.mac)
+                .count();
+            if on_circuit >= subnet.leases_per_circuit as usize {
+                return Err(OverQuota::Circuit);
+            }
+        }
+        q.holds.insert(ip, (req.mac, until, circuit));
+        Ok(())
+    }
+
+    /// `ip` is free again.
+    fn forget_hold(&self, subnet: &Arc<Subnet>, ip: Ipv4Addr) {
+        if let Ok(mut quotas) = self.quotas.lock() {
+            if let Some(q) = quotas.get_mut(&subnet.key()) {
+                q.holds.remove(&ip);
+            }
+        }
+    }
+
     fn reply(
         &self,
         req: &DhcpRequest,
-        subnet: &Subnet,
+        subnet: &Arc<Subnet>,
         kind: ReplyKind,
         yiaddr: Ipv4Addr,
         lease: bool,
@@ -339,7 +447,7 @@ impl DhcpService {
         }
     }
 
-    fn nak(&self, subnet: &Subnet, why: &str) -> Outcome {
+    fn nak(&self, subnet: &Arc<Subnet>, why: &str) -> Outcome {
         Outcome::Reply(DhcpReply {
             kind: ReplyKind::Nak,
             yiaddr: Ipv4Addr::UNSPECIFIED,
@@ -354,7 +462,7 @@ impl DhcpService {
     }
 
     /// proxyDHCP (PXE specification 2.1): boot information only, never an address.
-    fn proxy(&self, req: &DhcpRequest, subnet: &Subnet, kind: ReplyKind) -> Outcome {
+    fn proxy(&self, req: &DhcpRequest, subnet: &Arc<Subnet>, kind: ReplyKind) -> Outcome {
         if req.client == BootClient::Plain {
             return Outcome::Silent("proxy_not_pxe");
         }
@@ -367,12 +475,13 @@ impl DhcpService {
     fn lease(
         &self,
         req: &DhcpRequest,
-        subnet: &Subnet,
+        subnet: &Arc<Subnet>,
         ip: Ipv4Addr,
         state: LeaseState,
         ms: i64,
     ) -> LeaseClaim {
         let now = now_ms();
+        let relayed = subnet.relay_agents.contains(&req.source);
         LeaseClaim {
             lease: Lease {
                 ip,
@@ -381,8 +490,9 @@ impl DhcpService {
                 state,
                 expires_ms: now + ms,
                 hostname: req.hostname.clone(),
-                relay_circuit_id: hex(&req.circuit_id),
-                relay_remote_id: hex(&req.remote_id),
+                // Option 82 is the relay agent's (RFC 3046): kept only from a configured agent.
+                relay_circuit_id: relayed.then(|| hex(&req.circuit_id)).flatten(),
+                relay_remote_id: relayed.then(|| hex(&req.remote_id)).flatten(),
                 giaddr: (!req.giaddr.is_unspecified()).then(|| req.giaddr.to_string()),
                 updated_ms: now,
             },
@@ -396,7 +506,7 @@ impl DhcpService {
     async fn hold_offer(
         &self,
         req: &DhcpRequest,
-        subnet: &Subnet,
+        subnet: &Arc<Subnet>,
         ip: Ipv4Addr,
         check: bool,
     ) -> Result<Option<Outcome>, StoreError> {
@@ -420,6 +530,9 @@ impl DhcpService {
             }
         }
         let until = now_ms() + self.timing.offer_ms;
+        if let Err(over) = self.within_quota(req, subnet, ip, until) {
+            return Ok(Some(Outcome::Silent(over.reason())));
+        }
         self.with_hint(subnet, |h| h.record_offer(req.mac, ip, until, now));
         Ok(Some(Outcome::Reply(self.reply(
             req,
@@ -430,7 +543,7 @@ impl DhcpService {
         ))))
     }
 
-    async fn offer(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
+    async fn offer(&self, req: &DhcpRequest, subnet: &Arc<Subnet>) -> Result<Outcome, StoreError> {
         let in_pool = |ip: &Ipv4Addr| subnet.in_pool(*ip);
         let pending = self
             .with_hint(subnet, |h| h.offers.get(&req.mac).copied())
@@ -526,7 +639,7 @@ impl DhcpService {
 
     /// Someone else (another instance, another client) holds `ip`: learn from the database when
     /// it frees up.
-    async fn learn(&self, subnet: &Subnet, ip: Ipv4Addr) -> Result<(), StoreError> {
+    async fn learn(&self, subnet: &Arc<Subnet>, ip: Ipv4Addr) -> Result<(), StoreError> {
         let until = self
             .store
             .lease_by_ip(ip)
@@ -536,7 +649,11 @@ impl DhcpService {
         Ok(())
     }
 
-    async fn request(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
+    async fn request(
+        &self,
+        req: &DhcpRequest,
+        subnet: &Arc<Subnet>,
+    ) -> Result<Outcome, StoreError> {
         if let Some(sid) = req.server_id {
             if sid != subnet.server_ip {
                 // SELECTING another server's offer: free ours (RFC 2131 section 4.3.2).
@@ -591,6 +708,12 @@ impl DhcpService {
         // The database decides, whatever this instance offered: an address another MAC holds is
         // refused by the conditional upsert, a free one is bound.
         let ms = i64::from(subnet.lease_seconds) * 1000;
+        if facts.reserved_ip != Some(ip) {
+            if let Err(over) = self.within_quota(req, subnet, ip, now + ms) {
+                self.with_hint(subnet, |h| h.drop_offer(req.mac));
+                return Ok(Outcome::Silent(over.reason()));
+            }
+        }
         let bound = self
             .store
             .claim_lease(&self.lease(req, subnet, ip, LeaseState::Bound, ms))
@@ -610,10 +733,26 @@ impl DhcpService {
         )))
     }
 
-    async fn decline(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
+    async fn decline(
+        &self,
+        req: &DhcpRequest,
+        subnet: &Arc<Subnet>,
+    ) -> Result<Outcome, StoreError> {
         let Some(ip) = req.requested_ip else {
             return Ok(Outcome::Silent("decline_without_address"));
         };
+        // RFC 2131 section 4.4.4: a client declines an address it was just given, before using
+        // it (so from 0.0.0.0): only the MAC the lease is bound to, and only a fresh lease.
+        if req.giaddr.is_unspecified() && !req.source.is_unspecified() {
+            return Ok(Outcome::Silent("decline_not_from_client"));
+        }
+        match self.store.lease_by_ip(ip).await? {
+            Some(l)
+                if l.mac == req.mac
+                    && l.state == LeaseState::Bound
+                    && now_ms() - l.updated_ms <= DECLINE_WINDOW_MS => {}
+            _ => return Ok(Outcome::Silent("decline_not_of_a_fresh_lease")),
+        }
         let until = now_ms() + self.timing.decline_ms;
         if self
             .store
@@ -621,12 +760,23 @@ impl DhcpService {
             .await?
         {
             self.mark(subnet, ip, until);
+            self.forget_hold(subnet, ip);
             tracing::warn!(%ip, mac = %req.mac, "address declined by client: quarantined");
         }
         Ok(Outcome::Silent("declined"))
     }
 
-    async fn release(&self, req: &DhcpRequest, subnet: &Subnet) -> Result<Outcome, StoreError> {
+    async fn release(
+        &self,
+        req: &DhcpRequest,
+        subnet: &Arc<Subnet>,
+    ) -> Result<Outcome, StoreError> {
+        // RFC 2131 section 4.4.6: the client unicasts its RELEASE from the address it releases.
+        // One that comes from elsewhere (a broadcast, a spoofed chaddr on another address) would
+        // free somebody else's lease.
+        if req.giaddr.is_unspecified() && req.source != req.ciaddr {
+            return Ok(Outcome::Silent("release_not_from_lease_address"));
+        }
         if !req.ciaddr.is_unspecified() {
             let now = now_ms();
             if self
@@ -635,24 +785,25 @@ impl DhcpService {
                 .await?
             {
                 self.mark(subnet, req.ciaddr, 0);
+                self.forget_hold(subnet, req.ciaddr);
             }
         }
         Ok(Outcome::Silent("released"))
     }
 
-    fn inform(&self, req: &DhcpRequest, subnet: &Subnet) -> Outcome {
+    fn inform(&self, req: &DhcpRequest, subnet: &Arc<Subnet>) -> Outcome {
         // RFC 2131 section 3.4: configuration only; no yiaddr, no lease time.
         Outcome::Reply(self.reply(req, subnet, ReplyKind::Ack, Ipv4Addr::UNSPECIFIED, false))
     }
 
     /// Run `f` on a subnet's hint (None if the lock is poisoned).
-    fn with_hint<T>(&self, subnet: &Subnet, f: impl FnOnce(&mut PoolHint) -> T) -> Option<T> {
+    fn with_hint<T>(&self, subnet: &Arc<Subnet>, f: impl FnOnce(&mut PoolHint) -> T) -> Option<T> {
         let mut pools = self.pools.lock().ok()?;
         Some(f(pools.entry(subnet.key()).or_default()))
     }
 
     /// Replace a subnet's leases in the hint with what the database holds now; pending offers stay.
-    async fn reload(&self, subnet: &Subnet) -> Result<(), StoreError> {
+    async fn reload(&self, subnet: &Arc<Subnet>) -> Result<(), StoreError> {
         let busy = self.store.busy_ips(&subnet.key(), now_ms()).await?;
         let now = now_ms();
         let until = now + self.timing.offer_ms;
@@ -671,7 +822,7 @@ impl DhcpService {
     }
 
     /// Mark `ip` taken until `until` (0: free) in the hint, as a lease.
-    fn mark(&self, subnet: &Subnet, ip: Ipv4Addr, until: i64) {
+    fn mark(&self, subnet: &Arc<Subnet>, ip: Ipv4Addr, until: i64) {
         self.with_hint(subnet, |h| {
             h.busy.insert(
                 ip,
@@ -687,7 +838,7 @@ impl DhcpService {
     /// loads the hint from the database first.
     async fn next_free(
         &self,
-        subnet: &Subnet,
+        subnet: &Arc<Subnet>,
         mac: MacAddr,
     ) -> Result<Option<Ipv4Addr>, StoreError> {
         let loaded = self.with_hint(subnet, |h| h.loaded).unwrap_or(false);

@@ -10,7 +10,7 @@
 //!
 //! Imports `domain` and the rest of `service`; nothing from a front door or a store.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
@@ -22,7 +22,7 @@ use crate::domain::boot::is_placeholder;
 use crate::domain::{
     Interface, LifecycleState, MacAddr, Machine, MachineId, MachineSpec, UniqueKey,
 };
-use crate::service::store::{InventoryStore, StoreError};
+use crate::service::store::{InventoryStore, MachineFilter, StoreError};
 use crate::service::{Inventory, ServiceError};
 
 /// What iPXE tells about the machine in the query string of `/boot/machine.ipxe`.
@@ -100,7 +100,13 @@ fn remember<K: Hash + Eq>(map: &mut Remembered<K>, key: K, id: Option<MachineId>
 pub struct Identities {
     store: Arc<dyn InventoryStore>,
     cache: Arc<Mutex<Cache>>,
+    known: Arc<std::sync::RwLock<HashSet<MacAddr>>>,
 }
+
+/// Machines read per page when the known MACs are refreshed.
+const KNOWN_PAGE: u32 = 1000;
+/// MACs remembered as known at most (the inventory's NICs; far above any site's).
+const KNOWN_MAX: usize = 1_000_000;
 
 impl Identities {
     /// Over `store`, remembering nothing yet.
@@ -108,7 +114,53 @@ impl Identities {
         Identities {
             store,
             cache: Arc::default(),
+            known: Arc::default(),
         }
+    }
+
+    /// Does the inventory know `mac`? In memory only (no I/O): read from the inventory by
+    /// `refresh_known`, and learned as look-ups find machines. DHCP's flood guard lets known
+    /// machines past the budget of unknown clients.
+    pub fn is_known(&self, mac: MacAddr) -> bool {
+        self.known
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&mac)
+    }
+
+    fn learn(&self, mac: MacAddr) {
+        let mut known = self.known.write().unwrap_or_else(|e| e.into_inner());
+        if known.len() < KNOWN_MAX {
+            known.insert(mac);
+        }
+    }
+
+    /// Read every NIC MAC of the inventory (what `is_known` answers from), page by page.
+    pub async fn refresh_known(&self) -> Result<usize, StoreError> {
+        let mut all = HashSet::new();
+        let mut after = None;
+        loop {
+            let page = self
+                .store
+                .list_machines(&MachineFilter {
+                    limit: KNOWN_PAGE,
+                    after,
+                    ..Default::default()
+                })
+                .await?;
+            for m in &page.items {
+                all.extend(m.interfaces.iter().map(|i| i.mac));
+            }
+            match page.items.last() {
+                Some(last) if page.next_cursor.is_some() && all.len() < KNOWN_MAX => {
+                    after = Some(last.id)
+                }
+                _ => break,
+            }
+        }
+        let n = all.len();
+        *self.known.write().unwrap_or_else(|e| e.into_inner()) = all;
+        Ok(n)
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, Cache> {
@@ -125,6 +177,9 @@ impl Identities {
             .find_machine(&UniqueKey::Mac(mac))
             .await?
             .map(|m| m.id);
+        if id.is_some() {
+            self.learn(mac);
+        }
         remember(&mut self.cache().by_mac, mac, id);
         Ok(id)
     }
@@ -160,6 +215,7 @@ impl Identities {
 
     /// A machine was registered with `mac`: it is no longer unknown.
     fn registered(&self, mac: MacAddr, id: MachineId) {
+        self.learn(mac);
         remember(&mut self.cache().by_mac, mac, Some(id));
     }
 

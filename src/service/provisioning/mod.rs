@@ -138,6 +138,29 @@ impl ProvisioningService {
         self.inner.files.bootable()
     }
 
+    /// Does the inventory know this MAC (in memory, no I/O; see `Identities::is_known`)?
+    pub fn is_known(&self, mac: crate::domain::MacAddr) -> bool {
+        self.inner.identities.is_known(mac)
+    }
+
+    /// Keep the known MACs fresh: read them now, then every `every` until `stop`.
+    pub async fn refresh_known_macs(
+        &self,
+        every: std::time::Duration,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        loop {
+            match self.inner.identities.refresh_known().await {
+                Ok(n) => tracing::debug!(macs = n, "known MACs refreshed"),
+                Err(e) => tracing::warn!(error = %e, "known MACs not refreshed"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
     /// The boot timeline recorder.
     pub fn timeline(&self) -> &Timeline {
         &self.inner.timeline
