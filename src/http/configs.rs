@@ -109,13 +109,14 @@ pub async fn status(
     caller.require(ApiRole::Viewer)?;
     let m = s.inventory.resolve(&id).await?;
     let rendered = s.configs.render_machine(&m).await;
-    let store = s.configs.store();
-    let window = store
+    let window = s
+        .configs
         .window(m.id)
         .await
         .map_err(crate::service::ServiceError::from)?;
-    let (_, served) = store
-        .machine_config(m.id)
+    let served = s
+        .configs
+        .served(m.id)
         .await
         .map_err(crate::service::ServiceError::from)?;
     let now = Utc::now();
@@ -194,8 +195,8 @@ pub async fn open(
         )
         .await
         .map_err(|e| match e {
-            crate::service::config::OpenError::Service(e) => ApiError::from(e),
-            crate::service::config::OpenError::Config(c) => {
+            crate::service::machine_config::OpenError::Service(e) => ApiError::from(e),
+            crate::service::machine_config::OpenError::Config(c) => {
                 ApiError::from(crate::service::ServiceError::from(c))
             }
         })?;

@@ -1,4 +1,4 @@
-//! sqlx implementations of `InventoryStore` for SQLite (the embedded default) and PostgreSQL (several
+//! sqlx implementations of the store ports (`service::ports`) for SQLite (the embedded default) and PostgreSQL (several
 //! Plinth instances sharing one inventory). Both are generated from one body of SQL in `sql.rs`; the
 //! dialects differ only in their migrations and connection set-up.
 //!
@@ -14,7 +14,7 @@ use std::sync::Arc;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
-use crate::service::{InventoryStore, StoreError};
+use crate::service::ports::{StoreError, Stores};
 
 /// Which database a URL names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,11 +49,11 @@ pub struct StoreOptions {
     pub migrate: bool,
 }
 
-/// Open (and migrate) the store a URL names.
-pub async fn open(opts: &StoreOptions) -> Result<Arc<dyn InventoryStore>, StoreError> {
+/// Open (and migrate) the store a URL names: one handle per port, all on that database.
+pub async fn open(opts: &StoreOptions) -> Result<Stores, StoreError> {
     match Dialect::of_url(&opts.url) {
-        Some(Dialect::Sqlite) => Ok(Arc::new(SqliteStore::open(opts).await?)),
-        Some(Dialect::Postgres) => Ok(Arc::new(PgStore::open(opts).await?)),
+        Some(Dialect::Sqlite) => Ok(Stores::of(Arc::new(SqliteStore::open(opts).await?))),
+        Some(Dialect::Postgres) => Ok(Stores::of(Arc::new(PgStore::open(opts).await?))),
         None => Err(StoreError::Backend(format!(
             "unsupported database URL `{}`: use sqlite://PATH or postgres://USER@HOST/DB",
             redact_url(&opts.url)

@@ -11,9 +11,9 @@ use sqlx::Pool;
 
 use super::group_commit::GroupCommit;
 use super::{backend, StoreOptions};
-use crate::service::StoreError;
+use crate::service::ports::StoreError;
 
-/// The PostgreSQL implementation of `InventoryStore`.
+/// The PostgreSQL implementation of the store ports.
 #[derive(Clone, Debug)]
 pub struct PgStore {
     write: Pool<sqlx::Postgres>,

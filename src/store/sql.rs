@@ -32,8 +32,14 @@ macro_rules! sql_store {
             use uuid::Uuid;
 
             use super::$store;
-            use crate::domain::*;
-            use crate::service::*;
+            use crate::domain::{mac, spec_diff, Bmc, MachineRef, Disk, DiskType, Interface, LifecycleState, MacAddr, Machine, MachineId, Role, UniqueKey};
+            use crate::service::ports::{
+                BmcCapabilityStore, CapabilityRecord, ClientFacts, ClusterRecord, ConfigStore, ConfigWrite, Event,
+                EventFilter, EventStore, GroupSpec, Lease, LeaseClaim, LeaseState, LeaseStore, MachineFilter, MachinePage,
+                MachinePatches, MachineRecord, MachineStore, NewEvent, NewToken, PasswordChange, ProfileSpec,
+                ProvisionWindow, Reinstall, ReinstallStore, Reservation, ServedConfig, Stage, StoreError, StoreHealth,
+                TokenInfo, TokenStore,
+            };
             use crate::store::backend;
             use crate::store::sql::{like_pattern, CHUNK};
 
@@ -365,12 +371,15 @@ macro_rules! sql_store {
             }
 
             #[async_trait]
-            impl InventoryStore for $store {
+            impl StoreHealth for $store {
                 async fn ping(&self) -> Result<(), StoreError> {
                     sqlx::query("SELECT 1").execute(&self.read).await.map_err(backend)?;
                     Ok(())
                 }
+            }
 
+            #[async_trait]
+            impl MachineStore for $store {
                 async fn create_machine(
                     &self,
                     id: MachineId,
@@ -644,6 +653,10 @@ macro_rules! sql_store {
                     Ok(v.flatten())
                 }
 
+            }
+
+            #[async_trait]
+            impl EventStore for $store {
                 async fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
                     self.group_commit.write(crate::store::group_commit::WriteOp::Event(event.clone())).await.map(|_| ())
                 }
@@ -706,6 +719,17 @@ macro_rules! sql_store {
                     Ok(out)
                 }
 
+                async fn last_event_id(&self) -> Result<i64, StoreError> {
+                    let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM events")
+                        .fetch_one(&self.read)
+                        .await
+                        .map_err(backend)?;
+                    Ok(id.unwrap_or(0))
+                }
+            }
+
+            #[async_trait]
+            impl TokenStore for $store {
                 async fn create_token(&self, t: &NewToken) -> Result<TokenInfo, StoreError> {
                     let now = Utc::now();
                     sqlx::query(
@@ -1134,7 +1158,7 @@ macro_rules! sql_store {
                 if_match_required, tls_mode, probed_at, last_error, attempted_at";
 
             fn caps_row(r: &<Db as sqlx::Database>::Row) -> Result<CapabilityRecord, StoreError> {
-                use crate::service::bmc::{Capabilities, EtagSupport, MediaLocation};
+                use crate::service::ports::bmc::{Capabilities, EtagSupport, MediaLocation};
                 let list = |col: &str| -> Result<Vec<String>, StoreError> {
                     let text: Option<String> = r.try_get(col).map_err(backend)?;
                     match text {
@@ -1191,7 +1215,7 @@ macro_rules! sql_store {
             #[async_trait]
             impl BmcCapabilityStore for $store {
                 async fn put_bmc_capabilities(&self, rec: &CapabilityRecord, event: &NewEvent) -> Result<(), StoreError> {
-                    use crate::service::bmc::MediaLocation;
+                    use crate::service::ports::bmc::MediaLocation;
                     let c = rec.capabilities.as_ref();
                     let json_list = |v: &[String]| serde_json::to_string(v).map_err(|e| StoreError::Backend(e.to_string()));
                     let reset_types = c.map(|c| json_list(&c.reset_types)).transpose()?;
@@ -1483,10 +1507,10 @@ macro_rules! sql_store {
             const REINSTALL_COLS: &str = "machine_id, stage, stage_started_at, stage_deadline, wipe, automatic, \
                 attempt, event_mark, node_address, requested_by, started_at, finished_at, error";
 
-            fn reinstall_row(r: &<Db as sqlx::Database>::Row) -> Result<crate::service::workflow::Reinstall, StoreError> {
+            fn reinstall_row(r: &<Db as sqlx::Database>::Row) -> Result<Reinstall, StoreError> {
                 let stage: String = r.try_get("stage").map_err(backend)?;
                 let attempt: i32 = r.try_get("attempt").map_err(backend)?;
-                Ok(crate::service::workflow::Reinstall {
+                Ok(Reinstall {
                     machine_id: MachineId(r.try_get("machine_id").map_err(backend)?),
                     stage: parse_enum("stage", &stage)?,
                     stage_started_at: r.try_get("stage_started_at").map_err(backend)?,
@@ -1504,8 +1528,8 @@ macro_rules! sql_store {
             }
 
             #[async_trait]
-            impl crate::service::workflow::ReinstallStore for $store {
-                async fn reinstall(&self, id: MachineId) -> Result<Option<crate::service::workflow::Reinstall>, StoreError> {
+            impl ReinstallStore for $store {
+                async fn reinstall(&self, id: MachineId) -> Result<Option<Reinstall>, StoreError> {
                     let row = sqlx::query(&format!("SELECT {REINSTALL_COLS} FROM reinstalls WHERE machine_id = $1"))
                         .bind(id.0)
                         .fetch_optional(&self.read)
@@ -1514,7 +1538,7 @@ macro_rules! sql_store {
                     row.as_ref().map(reinstall_row).transpose()
                 }
 
-                async fn active_reinstalls(&self) -> Result<Vec<crate::service::workflow::Reinstall>, StoreError> {
+                async fn active_reinstalls(&self) -> Result<Vec<Reinstall>, StoreError> {
                     let rows = sqlx::query(&format!(
                         "SELECT {REINSTALL_COLS} FROM reinstalls WHERE stage NOT IN ('done', 'failed') ORDER BY started_at"
                     ))
@@ -1524,7 +1548,7 @@ macro_rules! sql_store {
                     rows.iter().map(reinstall_row).collect()
                 }
 
-                async fn start_reinstall(&self, r: &crate::service::workflow::Reinstall, event: &NewEvent) -> Result<bool, StoreError> {
+                async fn start_reinstall(&self, r: &Reinstall, event: &NewEvent) -> Result<bool, StoreError> {
                     let (_turn, mut tx) = self.begin_write().await?;
                     let res = sqlx::query(&format!(
                         "INSERT INTO reinstalls ({REINSTALL_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
@@ -1560,8 +1584,8 @@ macro_rules! sql_store {
 
                 async fn advance_reinstall(
                     &self,
-                    r: &crate::service::workflow::Reinstall,
-                    from: crate::service::workflow::Stage,
+                    r: &Reinstall,
+                    from: Stage,
                     event: &NewEvent,
                 ) -> Result<bool, StoreError> {
                     let (_turn, mut tx) = self.begin_write().await?;
@@ -1586,14 +1610,6 @@ macro_rules! sql_store {
                     insert_events(&mut tx, &[event]).await?;
                     tx.commit().await.map_err(backend)?;
                     Ok(true)
-                }
-
-                async fn last_event_id(&self) -> Result<i64, StoreError> {
-                    let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM events")
-                        .fetch_one(&self.read)
-                        .await
-                        .map_err(backend)?;
-                    Ok(id.unwrap_or(0))
                 }
             }
 

@@ -13,14 +13,14 @@ use sqlx::Pool;
 
 use super::group_commit::GroupCommit;
 use super::{backend, StoreOptions};
-use crate::service::StoreError;
+use crate::service::ports::StoreError;
 
 /// Connections of the DHCP readers' pool, opened as load asks for them. Every look-up waits for
 /// a connection (sqlx runs each SQLite connection on a thread of its own): at 4000 DORA/s
 /// (`bench/dhcp.sh`, 2026-12-02) 4 readers dropped 10% of exchanges, 8 dropped 0.23%, 16 0.06%.
 const LEASE_READERS: u32 = 16;
 
-/// The SQLite implementation of `InventoryStore`.
+/// The SQLite implementation of the store ports.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
     write: Pool<sqlx::Sqlite>,

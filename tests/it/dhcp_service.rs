@@ -12,7 +12,7 @@ use plinth::domain::MacAddr;
 use plinth::service::dhcp::{
     DhcpRequest, DhcpService, LeaseTiming, Outcome, ReplyKind, RequestKind,
 };
-use plinth::service::{InventoryStore, LeaseClaim, LeaseState, LeaseStore};
+use plinth::service::{LeaseClaim, LeaseState, Stores};
 use support::{Backend, TestDb};
 
 fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
@@ -50,7 +50,7 @@ fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
     }
 }
 
-async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
+async fn store(db: &TestDb) -> Stores {
     plinth::store::open(&plinth::store::StoreOptions {
         url: db.url.clone(),
         max_connections: 8,
@@ -60,10 +60,9 @@ async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
     .expect("store")
 }
 
-fn service(store: Arc<dyn InventoryStore>) -> DhcpService {
-    let leases: Arc<dyn LeaseStore> = store;
+fn service(store: Stores) -> DhcpService {
     DhcpService::new(
-        leases,
+        store.leases,
         vec![
             subnet(
                 "10.20.0.0/24",
@@ -123,7 +122,7 @@ async fn rfc2131_request_rules(b: Backend) {
             .expect("discover"),
     );
     assert_eq!(again.yiaddr, a);
-    let l = st.lease_by_ip(a).await.expect("lease").expect("row");
+    let l = st.leases.lease_by_ip(a).await.expect("lease").expect("row");
     assert_eq!(l.state, LeaseState::Bound, "still bound");
     assert!(
         l.expires_ms > chrono::Utc::now().timestamp_millis() + 500_000,
@@ -172,7 +171,7 @@ async fn rfc2131_request_rules(b: Backend) {
         Outcome::Silent("chose_other_server")
     );
     // The offer was held in memory (SQLite) or recorded and now expired (shared PostgreSQL).
-    let l = st.lease_by_ip(offer.yiaddr).await.expect("lease");
+    let l = st.leases.lease_by_ip(offer.yiaddr).await.expect("lease");
     assert!(
         l.as_ref().is_none_or(|l| l.state == LeaseState::Expired),
         "{l:?}"
@@ -190,7 +189,12 @@ async fn rfc2131_request_rules(b: Backend) {
         Outcome::Silent("released")
     );
     assert_eq!(
-        st.lease_by_ip(a).await.expect("l").expect("row").state,
+        st.leases
+            .lease_by_ip(a)
+            .await
+            .expect("l")
+            .expect("row")
+            .state,
         LeaseState::Released
     );
     let b_ip = dora(&svc, "52:54:00:20:00:04").await;
@@ -200,7 +204,7 @@ async fn rfc2131_request_rules(b: Backend) {
         svc.handle(&r).await.expect("decline"),
         Outcome::Silent("declined")
     );
-    let l = st.lease_by_ip(b_ip).await.expect("l").expect("row");
+    let l = st.leases.lease_by_ip(b_ip).await.expect("l").expect("row");
     assert_eq!(l.state, LeaseState::Declined);
     let next = dora(&svc, "52:54:00:20:00:04").await;
     assert_ne!(
@@ -224,8 +228,8 @@ async fn pool_exhaustion_and_reservations(b: Backend) {
     let svc = service(st.clone());
     // An address reserved in the inventory for one machine is never offered to another, even
     // when that other client asks for it (option 50).
-    let inv = plinth::service::Inventory::new(
-        st.clone(),
+    let inv = plinth::app::inventory(
+        &st,
         plinth::service::SecretBox::from_text(&plinth::service::SecretBox::generate_key_text())
             .expect("key"),
     );
@@ -312,7 +316,12 @@ async fn relayed_requests_record_option_82(b: Backend) {
         reply(svc.handle(&r).await.expect("request")).kind,
         ReplyKind::Ack
     );
-    let l = st.lease_by_ip(offer.yiaddr).await.expect("l").expect("row");
+    let l = st
+        .leases
+        .lease_by_ip(offer.yiaddr)
+        .await
+        .expect("l")
+        .expect("row");
     assert_eq!(
         l.relay_circuit_id.as_deref(),
         Some(hex_of(b"Gi1/0/7").as_str())
@@ -400,6 +409,7 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
             tokio::spawn(async move {
                 let mac = format!("52:54:00:25:00:{i:02x}");
                 let won = st
+                    .leases
                     .claim_lease(&claim("10.20.0.150", &mac, LeaseState::Bound))
                     .await
                     .expect("claim");
@@ -416,6 +426,7 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     }
     assert_eq!(winners.len(), 1, "one address, one MAC: {winners:?}");
     let row = st
+        .leases
         .lease_by_ip("10.20.0.150".parse().expect("ip"))
         .await
         .expect("row")
@@ -426,11 +437,13 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     // A MAC with a bound lease on .151; a released-to-be lease on .152.
     let mover = "52:54:00:25:01:01";
     assert!(st
+        .leases
         .claim_lease(&claim("10.20.0.151", mover, LeaseState::Bound))
         .await
         .expect("claim"));
     let leaver = "52:54:00:25:01:02";
     assert!(st
+        .leases
         .claim_lease(&claim("10.20.0.152", leaver, LeaseState::Bound))
         .await
         .expect("claim"));
@@ -440,7 +453,8 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
         tasks.push(tokio::spawn(async move {
             let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 21, 0, 0)) + i);
             let mac = format!("52:54:00:26:{:02x}:{:02x}", i >> 8, i & 255);
-            st.claim_lease(&claim(&ip.to_string(), &mac, LeaseState::Bound))
+            st.leases
+                .claim_lease(&claim(&ip.to_string(), &mac, LeaseState::Bound))
                 .await
                 .expect("claim")
         }));
@@ -448,7 +462,8 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     let moved = {
         let st = st.clone();
         tokio::spawn(async move {
-            st.claim_lease(&claim("10.20.0.153", mover, LeaseState::Bound))
+            st.leases
+                .claim_lease(&claim("10.20.0.153", mover, LeaseState::Bound))
                 .await
                 .expect("claim")
         })
@@ -457,15 +472,16 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
         let st = st.clone();
         tokio::spawn(async move {
             let now = chrono::Utc::now().timestamp_millis();
-            st.end_lease(
-                "10.20.0.152".parse().expect("ip"),
-                leaver.parse().expect("mac"),
-                LeaseState::Released,
-                now,
-                now,
-            )
-            .await
-            .expect("end")
+            st.leases
+                .end_lease(
+                    "10.20.0.152".parse().expect("ip"),
+                    leaver.parse().expect("mac"),
+                    LeaseState::Released,
+                    now,
+                    now,
+                )
+                .await
+                .expect("end")
         })
     };
     for t in tasks {
@@ -474,6 +490,7 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     assert!(moved.await.expect("join"));
     assert!(released.await.expect("join"));
     let of_mover = st
+        .leases
         .leases_of_mac(mover.parse().expect("mac"))
         .await
         .expect("leases");
@@ -491,7 +508,8 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     let state_of = |ip: &'static str| {
         let st = st.clone();
         async move {
-            st.lease_by_ip(ip.parse().expect("ip"))
+            st.leases
+                .lease_by_ip(ip.parse().expect("ip"))
                 .await
                 .expect("row")
                 .expect("row")
@@ -499,12 +517,14 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
         }
     };
     assert!(st
+        .leases
         .claim_lease(&claim("10.20.0.154", mover, LeaseState::Offered))
         .await
         .expect("claim"));
     assert_eq!(state_of("10.20.0.153").await, LeaseState::Bound);
     assert_eq!(state_of("10.20.0.154").await, LeaseState::Offered);
     assert!(st
+        .leases
         .claim_lease(&claim("10.20.0.154", mover, LeaseState::Bound))
         .await
         .expect("claim"));
@@ -513,6 +533,7 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     assert_eq!(state_of("10.20.0.152").await, LeaseState::Released);
     // The released address is free for another MAC; a bound one is not.
     assert!(st
+        .leases
         .claim_lease(&claim(
             "10.20.0.152",
             "52:54:00:25:01:03",
@@ -521,6 +542,7 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
         .await
         .expect("claim"));
     assert!(!st
+        .leases
         .claim_lease(&claim(
             "10.20.0.154",
             "52:54:00:25:01:03",
@@ -586,7 +608,12 @@ async fn two_instances_on_postgres_never_share_an_address() {
     assert_eq!(acked.len(), 10, "the whole pool is handed out, once each");
     let st = store(&db).await;
     for (mac, ip) in &acked {
-        let l = st.lease_by_ip(*ip).await.expect("lease").expect("row");
+        let l = st
+            .leases
+            .lease_by_ip(*ip)
+            .await
+            .expect("lease")
+            .expect("row");
         assert_eq!(l.mac, mac.parse::<MacAddr>().expect("mac"));
         assert_eq!(l.state, LeaseState::Bound);
     }
@@ -618,7 +645,7 @@ async fn sqlite_lease_commits_go_ahead_of_queued_writers() {
                 .concat(),
                 expires_at: None,
             };
-            st.create_token(&token).await.expect("token");
+            st.tokens.create_token(&token).await.expect("token");
             order.lock().expect("order").push("write");
         }));
     }
@@ -631,6 +658,7 @@ async fn sqlite_lease_commits_go_ahead_of_queued_writers() {
         "the writers finished before the claim was made: nothing was queued"
     );
     assert!(st
+        .leases
         .claim_lease(&claim(
             "10.20.0.160",
             "52:54:00:aa:00:01",

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 
 use plinth::app::Running;
 use plinth::config::{Overrides, RawConfig};
-use plinth::service::{ApiRole, Tokens};
+use plinth::service::ApiRole;
 use reqwest::Client;
 use uuid::Uuid;
 
@@ -163,7 +163,7 @@ impl TestServer {
         let cfg = config(&db, extra_toml);
         let running = plinth::app::spawn(&cfg).await.expect("server starts");
         let store = plinth::app::open_store(&cfg, false).await.expect("store");
-        let tokens = Tokens::new(store);
+        let tokens = plinth::app::tokens(&store);
         let mut t = Vec::new();
         for role in [ApiRole::Admin, ApiRole::Operator, ApiRole::Viewer] {
             t.push(
