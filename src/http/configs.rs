@@ -64,6 +64,7 @@ pub async fn fetch(
             .into_response(),
         Err(Refusal::NotFound) => StatusCode::NOT_FOUND.into_response(),
         Err(Refusal::Forbidden) => StatusCode::FORBIDDEN.into_response(),
+        Err(Refusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
 
@@ -108,7 +109,13 @@ pub async fn status(
 ) -> Result<Json<ConfigStatus>, ApiError> {
     caller.require(ApiRole::Viewer)?;
     let m = s.inventory.resolve(&id).await?;
-    let rendered = s.configs.render_machine(&m).await;
+    let rendered = match s.configs.render_machine(&m).await {
+        // A store fault is a fault, not an invalid config.
+        Err(crate::service::MachineConfigError::Store(e)) => {
+            return Err(crate::service::ServiceError::from(e).into())
+        }
+        other => other,
+    };
     let window = s
         .configs
         .window(m.id)

@@ -24,6 +24,8 @@ pub enum Refusal {
     NotFound,
     /// A window is open but the request does not prove it comes from the machine: 403.
     Forbidden,
+    /// The store failed: nothing can be decided now, the machine retries: 503 (never a 404).
+    Unavailable,
 }
 
 /// What an install boot needs from the config side.
@@ -193,8 +195,13 @@ impl ConfigService {
         uuid: Option<&str>,
         from: IpAddr,
     ) -> Result<String, Refusal> {
-        let Ok(m) = inventory.get(id).await else {
-            return Err(Refusal::NotFound);
+        let m = match inventory.get(id).await {
+            Ok(m) => m,
+            Err(ServiceError::NotFound(_)) => return Err(Refusal::NotFound),
+            Err(e) => {
+                tracing::error!(error = %e, "config fetch: machine look-up failed");
+                return Err(Refusal::Unavailable);
+            }
         };
         let now = Utc::now();
         let refuse = |refusal: Refusal, reason: &str| {
@@ -218,7 +225,7 @@ impl ConfigService {
             Ok(w) => w,
             Err(e) => {
                 tracing::error!(error = %e, "config fetch: window look-up failed");
-                return Err(Refusal::NotFound);
+                return Err(Refusal::Unavailable);
             }
         };
         let Some(w) = window.filter(|w| w.closed_at.is_none()) else {
@@ -260,11 +267,17 @@ impl ConfigService {
             Ok(_) => {}
             Err(e) => {
                 tracing::error!(error = %e, "config fetch: lease look-up failed");
-                return Err(Refusal::NotFound);
+                return Err(Refusal::Unavailable);
             }
         }
         let rendered = match self.render_machine(&m).await {
             Ok(r) => r,
+            // The store failed while loading the render's inputs: the config is not at fault,
+            // the machine is not failed for it.
+            Err(MachineConfigError::Store(e)) => {
+                tracing::error!(error = %e, "config fetch: render inputs not loaded");
+                return Err(Refusal::Unavailable);
+            }
             Err(e) => {
                 let reason = e.to_string();
                 let _ = inventory
@@ -296,7 +309,7 @@ impl ConfigService {
         };
         if let Err(e) = self.configs.record_served(id, &served, &event).await {
             tracing::error!(error = %e, "config fetch: could not record the served config");
-            return Err(Refusal::NotFound);
+            return Err(Refusal::Unavailable);
         }
         tracing::info!(machine = %id, %from, sha256 = %rendered.sha256, "config served");
         Ok(rendered.yaml)
