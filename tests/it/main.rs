@@ -18,6 +18,7 @@ mod dhcp_service;
 mod images_door;
 mod images_pull;
 mod reinstall_e2e;
+mod store_battery;
 mod talos_cli;
 mod talos_configs;
 mod talos_patch;
