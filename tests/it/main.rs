@@ -19,6 +19,7 @@ mod images_door;
 mod images_pull;
 mod reinstall_e2e;
 mod store_battery;
+mod store_faults;
 mod talos_cli;
 mod talos_configs;
 mod talos_patch;
