@@ -17,6 +17,7 @@ mod dhcp_peers;
 mod dhcp_service;
 mod images_door;
 mod images_pull;
+mod layers;
 mod reinstall_e2e;
 mod store_battery;
 mod store_faults;
