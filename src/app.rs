@@ -12,13 +12,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DhcpConfig, SecretKeySource, SECRET_KEY_ENV};
 use crate::http::{self, AppState};
+use crate::service::ports::Stores;
 use crate::service::provisioning::dhcp::{DhcpService, LeaseTiming};
 use crate::service::provisioning::timeline::Timeline;
 use crate::service::provisioning::{
     BootFiles, BootSettings, Identities, ImagesDoor, Parts, ProvisioningService,
 };
-use crate::service::LeaseStore;
-use crate::service::{BmcService, Inventory, InventoryStore, SecretBox, Tokens};
+use crate::service::{BmcService, ConfigService, Inventory, SecretBox, Tokens, Workflows};
 use crate::store::{self, StoreOptions};
 
 /// A running server.
@@ -61,8 +61,8 @@ impl Running {
     }
 }
 
-/// Open the configured store, creating the data directory for SQLite.
-pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Arc<dyn InventoryStore>> {
+/// Open the configured store, creating the data directory for SQLite: one handle per port.
+pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Stores> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
     let opts = StoreOptions {
@@ -76,6 +76,68 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Arc<dy
             store::redact_url(&config.database_url)
         )
     })
+}
+
+/// The inventory use case over its ports of `stores`.
+pub fn inventory(stores: &Stores, secrets: SecretBox) -> Inventory {
+    Inventory::new(
+        stores.machines.clone(),
+        stores.events.clone(),
+        stores.configs.clone(),
+        stores.health.clone(),
+        secrets,
+    )
+}
+
+/// The machine-config use case over its ports of `stores`.
+pub fn config_service(
+    stores: &Stores,
+    secrets: SecretBox,
+    schema_dir: Option<std::path::PathBuf>,
+) -> ConfigService {
+    ConfigService::new(
+        stores.configs.clone(),
+        stores.events.clone(),
+        stores.leases.clone(),
+        secrets,
+        schema_dir,
+    )
+}
+
+/// The API-token use case over its ports of `stores`.
+pub fn tokens(stores: &Stores) -> Tokens {
+    Tokens::new(stores.tokens.clone(), stores.events.clone())
+}
+
+/// The BMC use case over the inventory, its ports of `stores`, and `connector` to reach BMCs.
+pub fn bmc_service(
+    inventory: &Inventory,
+    stores: &Stores,
+    connector: Arc<dyn crate::service::BmcConnector>,
+) -> BmcService {
+    BmcService::new(
+        inventory.clone(),
+        stores.bmc_capabilities.clone(),
+        connector,
+    )
+}
+
+/// The workflow use case over the other use cases and its ports of `stores`.
+pub fn workflows(
+    inventory: &Inventory,
+    configs: &ConfigService,
+    bmc: &BmcService,
+    stores: &Stores,
+    settings: crate::service::WorkflowSettings,
+) -> Workflows {
+    Workflows::new(
+        inventory.clone(),
+        configs.clone(),
+        bmc.clone(),
+        stores.reinstalls.clone(),
+        stores.events.clone(),
+        settings,
+    )
 }
 
 /// Load the secret key from the environment, the key file, or the data directory (creating it
@@ -187,7 +249,13 @@ where
 
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
-    let store = open_store(config, true).await?;
+    let stores = open_store(config, true).await?;
+    spawn_with_stores(config, stores).await
+}
+
+/// Start serving over stores already opened: `spawn` after it opened the configured database,
+/// and tests that serve over another implementation of the ports (a store that fails).
+pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Result<Running> {
     let secrets = secret_box(config)?;
     let dhcp_sockets = match &config.dhcp {
         Some(d) => bind_dhcp(d)?,
@@ -227,13 +295,12 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let metrics = Arc::new(crate::metrics::Metrics::new());
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
-    let identities = Identities::new(store.clone());
-    let timeline = Timeline::start(store.clone(), identities.clone(), shutdown.clone());
+    let identities = Identities::new(stores.machines.clone(), stores.leases.clone());
+    let timeline = Timeline::start(stores.events.clone(), identities.clone(), shutdown.clone());
     timeline.register(&metrics);
     let dhcp_engine = config.dhcp.as_ref().map(|d| {
-        let leases: Arc<dyn LeaseStore> = store.clone();
         Arc::new(DhcpService::new(
-            leases,
+            stores.leases.clone(),
             d.subnets.clone(),
             crate::domain::dhcp::BootFiles {
                 http_base: d.boot_url.clone(),
@@ -245,14 +312,14 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         ))
     });
     let secrets_for_configs = secrets.clone();
-    let inventory = Inventory::new(store.clone(), secrets);
-    let bmc = BmcService::new(
-        inventory.clone(),
-        store.clone(),
+    let inventory = inventory(&stores, secrets);
+    let bmc = bmc_service(
+        &inventory,
+        &stores,
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
-    let configs = crate::service::ConfigService::new(
-        store.clone(),
+    let configs = config_service(
+        &stores,
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
@@ -269,7 +336,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let provisioning = ProvisioningService::new(Parts {
         inventory: inventory.clone(),
         configs: configs.clone(),
-        store: store.clone(),
+        events: stores.events.clone(),
         identities,
         timeline,
         images: Arc::new(images),
@@ -285,20 +352,17 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         },
     });
     let mut dhcp = Vec::new();
-    if config.dhcp.is_some() {
+    if let Some(d) = &config.dhcp {
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
             dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
         }
         let m = crate::dhcp::DhcpMetrics::register(&metrics);
         let (stop, service) = (shutdown.clone(), provisioning.clone());
-        let per_second = config
-            .dhcp
-            .as_ref()
-            .map_or(2000, |d| d.unknown_clients_per_second);
+        let per_second = f64::from(d.unknown_clients_per_second);
         let rates = crate::dhcp::Rates {
-            unknown: f64::from(per_second),
-            unknown_burst: 2.0 * f64::from(per_second),
+            unknown: per_second,
+            unknown_burst: 2.0 * per_second,
             ..Default::default()
         };
         let done = on_own_runtime("plinth-dhcp", 2, move || {
@@ -318,10 +382,11 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         tasks.spawn(done);
     }
     let bootable = provisioning.bootable();
-    let workflows = crate::service::Workflows::new(
-        inventory.clone(),
-        configs.clone(),
-        bmc.clone(),
+    let workflows = workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &stores,
         config.workflows.clone(),
     );
     {
@@ -346,7 +411,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         workflows,
         configs,
         inventory,
-        tokens: Tokens::new(store),
+        tokens: tokens(&stores),
         bmc,
         metrics,
         max_body_bytes: config.max_body_bytes,

@@ -15,7 +15,7 @@ use serde_yaml_ng::Value;
 
 use crate::domain::MachineSpec;
 use crate::service::apply::{Declared, DeclaredMachine};
-use crate::service::config::DEFAULT_FACTORY_HOST;
+use crate::service::machine_config::DEFAULT_FACTORY_HOST;
 use crate::service::{
     ClusterSecretInput, ClusterSpec, GroupKind, GroupSpec, MachinePatches, PatchSource, ProfileSpec,
 };
@@ -411,7 +411,7 @@ impl Loader {
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),
                 install_image: d.install_image,
                 patches,
-                role_patches: crate::service::config::RolePatches {
+                role_patches: crate::service::ports::RolePatches {
                     controlplane: cp,
                     worker,
                 },

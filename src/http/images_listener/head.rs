@@ -231,7 +231,7 @@ impl ResponseHead {
         let r = ResponseHead { bytes };
         r.header(
             "Date",
-            &super::super::files::httpdate(std::time::SystemTime::now()),
+            &crate::http::files::httpdate(std::time::SystemTime::now()),
         )
     }
 

@@ -17,8 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::domain::dhcp::{select_subnet, BootAnswer, BootClient, BootFiles, Subnet, SubnetMode};
 use crate::domain::MacAddr;
-use crate::service::leases::{Lease, LeaseClaim, LeaseState, LeaseStore};
-use crate::service::StoreError;
+use crate::service::ports::{Lease, LeaseClaim, LeaseState, LeaseStore, StoreError};
 
 /// Kind of a DHCP request (option 53).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -22,7 +22,7 @@ use crate::domain::boot::is_placeholder;
 use crate::domain::{
     Interface, LifecycleState, MacAddr, Machine, MachineId, MachineSpec, UniqueKey,
 };
-use crate::service::store::{InventoryStore, MachineFilter, StoreError};
+use crate::service::ports::{LeaseStore, MachineFilter, MachineStore, StoreError};
 use crate::service::{Inventory, ServiceError};
 
 /// What iPXE tells about the machine in the query string of `/boot/machine.ipxe`.
@@ -98,7 +98,8 @@ fn remember<K: Hash + Eq>(map: &mut Remembered<K>, key: K, id: Option<MachineId>
 /// Resolves booting clients to machines (see the module's paragraph).
 #[derive(Clone)]
 pub struct Identities {
-    store: Arc<dyn InventoryStore>,
+    machines: Arc<dyn MachineStore>,
+    leases: Arc<dyn LeaseStore>,
     cache: Arc<Mutex<Cache>>,
     known: Arc<std::sync::RwLock<HashSet<MacAddr>>>,
 }
@@ -109,10 +110,11 @@ const KNOWN_PAGE: u32 = 1000;
 const KNOWN_MAX: usize = 1_000_000;
 
 impl Identities {
-    /// Over `store`, remembering nothing yet.
-    pub fn new(store: Arc<dyn InventoryStore>) -> Self {
+    /// Over the machines and leases ports, remembering nothing yet.
+    pub fn new(machines: Arc<dyn MachineStore>, leases: Arc<dyn LeaseStore>) -> Self {
         Identities {
-            store,
+            machines,
+            leases,
             cache: Arc::default(),
             known: Arc::default(),
         }
@@ -141,7 +143,7 @@ impl Identities {
         let mut after = None;
         loop {
             let page = self
-                .store
+                .machines
                 .list_machines(&MachineFilter {
                     limit: KNOWN_PAGE,
                     after,
@@ -173,7 +175,7 @@ impl Identities {
             return Ok(id);
         }
         let id = self
-            .store
+            .machines
             .find_machine(&UniqueKey::Mac(mac))
             .await?
             .map(|m| m.id);
@@ -190,10 +192,10 @@ impl Identities {
         if let Some(id) = fresh(&self.cache().by_ip, &ip) {
             return Ok(id);
         }
-        let id = match self.store.lease_by_ip(ip).await? {
+        let id = match self.leases.lease_by_ip(ip).await? {
             Some(lease) => self.machine_of_mac(lease.mac).await?,
             None => self
-                .store
+                .machines
                 .find_machine(&UniqueKey::Ipv4(ip))
                 .await?
                 .map(|m| m.id),
@@ -315,6 +317,6 @@ mod tests {
             who.mac().map(|m| m.to_string()),
             Some("52:54:00:aa:bb:01".into())
         );
-        assert_eq!(fact(&Some("x".repeat(300))).map(|s| s.len()), Some(255));
+        assert_eq!(fact(&Some("a".repeat(300))).map(|s| s.len()), Some(255));
     }
 }

@@ -31,8 +31,8 @@ pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 
 use self::dhcp::{DhcpRequest, DhcpService, Outcome, ReplyKind};
 use self::timeline::{Step, Timeline};
+use super::ports::StoreError;
 use super::ports::TalosImages;
-use super::store::{InventoryStore, StoreError};
 use super::{ConfigService, Inventory};
 
 /// Where install plans point machines for kernel and initramfs.
@@ -87,8 +87,8 @@ pub struct Parts {
     pub inventory: Inventory,
     /// Machine configs, windows and install tickets.
     pub configs: ConfigService,
-    /// The store (events, leases, look-ups).
-    pub store: Arc<dyn InventoryStore>,
+    /// The event log (boot scripts served).
+    pub events: Arc<dyn super::ports::EventStore>,
     /// Client -> machine resolution, shared with the timeline writer.
     pub identities: Identities,
     /// The boot timeline.

@@ -17,7 +17,7 @@ use crate::domain::boot::{
 };
 use crate::domain::dhcp::Arch;
 use crate::domain::{LifecycleState, MacAddr, Machine};
-use crate::service::store::NewEvent;
+use crate::service::ports::NewEvent;
 
 /// An iPXE script request.
 #[derive(Clone, Debug)]
@@ -194,7 +194,7 @@ impl ProvisioningService {
             actor: "boot".into(),
             detail,
         };
-        if let Err(e) = self.inner.store.append_event(&event).await {
+        if let Err(e) = self.inner.events.append_event(&event).await {
             tracing::warn!(error = %e, "boot: timeline event not written");
         }
         tracing::info!(machine = %m.id, %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");

@@ -5,7 +5,8 @@
 //! events in batches, off the hot path: a boot never waits for the timeline's database writes, and
 //! when the queue is full a step is dropped and counted rather than slowing a boot.
 //!
-//! Imports `domain` and the rest of `service` only.
+//! Takes the events port; imports `domain` and the rest of `service`, nothing from `store` or the
+//! front doors.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::identity::Identities;
 use crate::domain::{MacAddr, MachineId};
-use crate::service::store::{InventoryStore, NewEvent};
+use crate::service::ports::{EventStore, NewEvent};
 
 /// One step of a boot.
 #[derive(Clone, Debug)]
@@ -48,15 +49,15 @@ impl std::fmt::Debug for Timeline {
 }
 
 impl Timeline {
-    /// Start the writer over `store`, finding machines through `identities`; it stops when
-    /// `stop` is cancelled (after writing what is queued).
+    /// Start the writer, which finds a step's machine through `identities` and writes the steps
+    /// to `events`; it stops when `stop` is cancelled (after writing what is queued).
     pub fn start(
-        store: Arc<dyn InventoryStore>,
+        events: Arc<dyn EventStore>,
         identities: Identities,
         stop: CancellationToken,
     ) -> Timeline {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(writer(store, identities, rx, stop));
+        tokio::spawn(writer(events, identities, rx, stop));
         Timeline {
             tx,
             dropped: Counter::default(),
@@ -107,7 +108,7 @@ async fn machine_of(identities: &Identities, step: &Step) -> Option<MachineId> {
 }
 
 async fn writer(
-    store: Arc<dyn InventoryStore>,
+    store: Arc<dyn EventStore>,
     identities: Identities,
     mut rx: mpsc::Receiver<Step>,
     stop: CancellationToken,
@@ -157,7 +158,7 @@ async fn writer(
 /// single SQLite writer that DHCP's lease commits wait for (a boot storm of 1,000 machines makes
 /// some 7,000 steps). A batch that fails is retried one event at a time, so one bad event does
 /// not lose the others.
-async fn write_batch(store: &Arc<dyn InventoryStore>, events: &[NewEvent]) {
+async fn write_batch(store: &Arc<dyn EventStore>, events: &[NewEvent]) {
     if events.is_empty() || store.append_events(events).await.is_ok() {
         return;
     }
