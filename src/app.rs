@@ -416,6 +416,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         metrics,
         max_body_bytes: config.max_body_bytes,
         provisioning,
+        events: crate::service::EventFeed::new(stores.events.clone(), stores.tokens.clone()),
     };
     if let Some(l) = images_listener {
         let (st, stop) = (state.clone(), shutdown.clone());

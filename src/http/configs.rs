@@ -15,13 +15,13 @@ use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::error::{ApiError, ErrorEnvelope};
 use super::extract::{Caller, JsonBody};
 use super::AppState;
 use crate::domain::MachineId;
+use crate::service::machine_config::ConfigStatus;
 use crate::service::{ApiRole, ProvisionWindow, Refusal};
 
 /// What Talos sends.
@@ -68,33 +68,6 @@ pub async fn fetch(
     }
 }
 
-/// The operator's view of a machine's config.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ConfigStatus {
-    /// Whether the config renders and validates now.
-    pub valid: bool,
-    /// Why not.
-    pub error: Option<String>,
-    /// SHA-256 of the config it would serve now.
-    pub sha256: Option<String>,
-    /// Target Talos version.
-    pub talos_version: Option<String>,
-    /// Image Factory schematic.
-    pub schematic_id: Option<String>,
-    /// The install disk and how it is pinned.
-    pub install_disk: Option<String>,
-    /// Warnings.
-    pub warnings: Vec<String>,
-    /// The provisioning window.
-    pub window: Option<ProvisionWindow>,
-    /// Whether the window is open now.
-    pub window_open: bool,
-    /// SHA-256 of the config last served.
-    pub served_sha256: Option<String>,
-    /// When it was served.
-    pub served_at: Option<DateTime<Utc>>,
-}
-
 /// Whether a machine's config renders and validates, and its provisioning window. Never the
 /// config itself (it carries cluster secrets): `plinth config render` shows it to an operator
 /// with database access.
@@ -109,41 +82,7 @@ pub async fn status(
 ) -> Result<Json<ConfigStatus>, ApiError> {
     caller.require(ApiRole::Viewer)?;
     let m = s.inventory.resolve(&id).await?;
-    let rendered = match s.configs.render_machine(&m).await {
-        // A store fault is a fault, not an invalid config.
-        Err(crate::service::MachineConfigError::Store(e)) => {
-            return Err(crate::service::ServiceError::from(e).into())
-        }
-        other => other,
-    };
-    let window = s
-        .configs
-        .window(m.id)
-        .await
-        .map_err(crate::service::ServiceError::from)?;
-    let served = s
-        .configs
-        .served(m.id)
-        .await
-        .map_err(crate::service::ServiceError::from)?;
-    let now = Utc::now();
-    let (valid, error, r) = match rendered {
-        Ok(r) => (true, None, Some(r)),
-        Err(e) => (false, Some(e.to_string()), None),
-    };
-    Ok(Json(ConfigStatus {
-        valid,
-        error,
-        sha256: r.as_ref().map(|r| r.sha256.clone()),
-        talos_version: r.as_ref().map(|r| r.version.to_string()),
-        schematic_id: r.as_ref().map(|r| r.schematic_id.clone()),
-        install_disk: r.as_ref().and_then(|r| r.install_disk.clone()),
-        warnings: r.map(|r| r.warnings).unwrap_or_default(),
-        window_open: window.as_ref().is_some_and(|w| w.is_open(now)),
-        window,
-        served_sha256: served.as_ref().map(|s| s.sha256.clone()),
-        served_at: served.map(|s| s.at),
-    }))
+    Ok(Json(s.configs.status(&m).await?))
 }
 
 /// Opening a provisioning window.

@@ -38,6 +38,8 @@ pub struct AppState {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// Body limit in bytes.
     pub max_body_bytes: usize,
+    /// The live event feed.
+    pub events: crate::service::EventFeed,
     /// The provisioning service: what each booting machine gets.
     pub provisioning: crate::service::provisioning::ProvisioningService,
     /// Machine configs and provisioning windows.

@@ -48,7 +48,7 @@ impl Modify for Bearer {
         BootTarget, BootMode, BootOverride, VirtualMediaStatus, MediaLocation, InspectedHardware,
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
-        configs::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
+        crate::service::machine_config::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
         workflows::ReinstallRequest, crate::service::workflow::Started, crate::service::Reinstall, crate::service::Stage,
     )),
     modifiers(&Bearer),

@@ -1,17 +1,16 @@
 //! Reinstall over HTTP (`POST|GET /api/v1/machines/{id}/reinstall`) and the live event stream
 //! (`GET /api/v1/events/stream`, server-sent events) that a dashboard or a chat hook follows a
-//! rollout with. The stream reads the event log (so it shows what every instance sharing the
-//! database did), resumes from `Last-Event-ID`, and ends when the server shuts down.
+//! rollout with: the live event feed (`service::events`) as SSE. It shows what every instance
+//! sharing the database did, resumes from `Last-Event-ID`, and ends when the server shuts down or
+//! the caller's token is revoked or expires.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::time::Duration;
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::Json;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::Deserialize;
 
 use super::error::{ApiError, ErrorEnvelope};
@@ -19,7 +18,7 @@ use super::extract::{Caller, JsonBody, QueryParams};
 use super::AppState;
 use crate::service::workflow::Started;
 use crate::service::Reinstall;
-use crate::service::{ApiRole, EventFilter};
+use crate::service::{ApiRole, Follow};
 
 /// A reinstall request.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
@@ -101,56 +100,23 @@ pub async fn stream(
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<i64>().ok());
-    let start = match p.after.or(resume) {
-        Some(a) => a,
-        None => s.inventory.last_event_id().await?,
+    let follow = Follow {
+        machine: machine_id,
+        kind_prefix: p.kind,
+        after: p.after.or(resume),
+        token: Some(caller.0.id),
     };
-    struct Cursor {
-        after: i64,
-        buffer: VecDeque<crate::service::Event>,
-    }
-    let stop = s.shutdown.clone();
-    let inventory = s.inventory.clone();
-    let kind = p.kind;
-    let events = futures::stream::unfold(
-        Cursor {
-            after: start,
-            buffer: VecDeque::new(),
-        },
-        move |mut c| {
-            let (inventory, stop, kind) = (inventory.clone(), stop.clone(), kind.clone());
-            async move {
-                loop {
-                    if let Some(e) = c.buffer.pop_front() {
-                        c.after = e.id;
-                        let data = serde_json::to_string(&e).unwrap_or_default();
-                        let ev = SseEvent::default()
-                            .id(e.id.to_string())
-                            .event(e.kind.clone())
-                            .data(data);
-                        return Some((Ok(ev), c));
-                    }
-                    let filter = EventFilter {
-                        machine_id,
-                        kind_prefix: kind.clone(),
-                        after_id: Some(c.after),
-                        limit: 500,
-                    };
-                    match inventory.events(&filter).await {
-                        Ok(list) if !list.is_empty() => {
-                            c.buffer.extend(list);
-                            continue;
-                        }
-                        Ok(_) => {}
-                        Err(e) => tracing::warn!(error = %e, "event stream: read failed"),
-                    }
-                    tokio::select! {
-                        _ = stop.cancelled() => return None,
-                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
-                    }
-                }
-            }
-        },
-    );
+    let feed = s
+        .events
+        .follow(follow, s.shutdown.clone())
+        .await
+        .map_err(crate::service::ServiceError::from)?;
+    let events = feed.map(|e| {
+        let data = serde_json::to_string(&e).unwrap_or_default();
+        Ok(SseEvent::default()
+            .id(e.id.to_string())
+            .event(e.kind.clone())
+            .data(data))
+    });
     Ok(Sse::new(events).keep_alive(KeepAlive::default()))
 }

@@ -12,6 +12,7 @@ pub mod apply;
 pub mod auth;
 pub mod bmc;
 pub mod error;
+pub mod events;
 pub mod inventory;
 pub mod machine_config;
 pub mod ports;
@@ -22,6 +23,7 @@ pub mod workflow;
 pub use auth::Tokens;
 pub use bmc::BmcService;
 pub use error::{MachineConfigError, ServiceError};
+pub use events::{EventFeed, Follow};
 pub use inventory::{ImportRow, Inventory, RowError};
 pub use machine_config::{ClusterSecretInput, ConfigService, Refusal, RenderedMachine, Sources};
 pub use ports::{

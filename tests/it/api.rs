@@ -921,7 +921,58 @@ async fn lifecycle_transitions(b: Backend) {
     s.finish().await;
 }
 
+/// An event stream ends when the token it was opened with is revoked: a revoked credential stops
+/// receiving the fleet's events (before, the stream kept flowing for as long as it stayed open).
+async fn an_event_stream_ends_when_its_token_is_revoked(b: Backend) {
+    use futures::StreamExt;
+    let s = TestServer::start(b).await;
+    let minted = s
+        .req(Method::POST, "/api/v1/tokens", &s.admin)
+        .json(&json!({"name": "dashboard", "role": "viewer"}))
+        .send()
+        .await
+        .expect("mint");
+    assert_eq!(minted.status(), StatusCode::CREATED);
+    let minted: Value = minted.json().await.expect("json");
+    let (secret, id) = (
+        minted["token"].as_str().expect("token").to_string(),
+        minted["info"]["id"].as_str().expect("id").to_string(),
+    );
+    let stream = s
+        .req(Method::GET, "/api/v1/events/stream", &secret)
+        .send()
+        .await
+        .expect("stream");
+    assert_eq!(stream.status(), StatusCode::OK);
+    let mut body = stream.bytes_stream();
+    // The stream carries events while the token is live.
+    create(&s, &machine("feed-1", "52:54:00:fe:ed:01")).await;
+    let mut seen = String::new();
+    while !seen.contains("machine.created") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(20), body.next())
+            .await
+            .expect("an event within 20 s")
+            .expect("the stream is open")
+            .expect("bytes");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let revoked = s
+        .req(Method::DELETE, &format!("/api/v1/tokens/{id}"), &s.admin)
+        .send()
+        .await
+        .expect("revoke");
+    assert!(revoked.status().is_success(), "{}", revoked.status());
+    // Then it ends (the feed checks its token every few seconds).
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(Ok(_)) = body.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream of a revoked token ended");
+    s.finish().await;
+}
+
 both_backends!(
+    an_event_stream_ends_when_its_token_is_revoked,
     lifecycle_transitions,
     crud_with_versions_and_events,
     conflicts_name_the_owner,

@@ -20,6 +20,7 @@
 mod declared;
 mod diff;
 mod render;
+mod status;
 mod window;
 
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ use sha2::{Digest, Sha256};
 pub use declared::{ClusterSecretInput, Sources, DEFAULT_FACTORY_HOST};
 pub use diff::{config_diff, redact};
 pub use render::{schema_file, RenderedMachine};
+pub use status::ConfigStatus;
 pub use window::{token_hash, InstallTicket, OpenError, Refusal};
 
 use super::error::MachineConfigError;

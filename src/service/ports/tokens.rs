@@ -105,6 +105,9 @@ pub trait TokenStore: Send + Sync + 'static {
     /// A live (not revoked, not expired) token by the SHA-256 of its secret.
     async fn token_by_hash(&self, hash: &[u8]) -> Result<Option<TokenInfo>, StoreError>;
 
+    /// A live (not revoked, not expired) token by its id.
+    async fn live_token(&self, id: Uuid) -> Result<Option<TokenInfo>, StoreError>;
+
     /// All tokens (metadata only).
     async fn list_tokens(&self) -> Result<Vec<TokenInfo>, StoreError>;
 

@@ -43,12 +43,18 @@ impl TokenStore for Store {
         .bind(hash)
         .fetch_optional(&self.read)
         .await?;
-        let Some(r) = row else { return Ok(None) };
-        let t = token_row(&r)?;
-        if t.revoked || t.expires_at.is_some_and(|e| e <= Utc::now()) {
-            return Ok(None);
-        }
-        Ok(Some(t))
+        live(row.as_ref().map(token_row).transpose()?)
+    }
+
+    async fn live_token(&self, id: Uuid) -> Result<Option<TokenInfo>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, name, role, created_at, expires_at, revoked_at IS NOT NULL AS revoked \
+             FROM api_tokens WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.read)
+        .await?;
+        live(row.as_ref().map(token_row).transpose()?)
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenInfo>, StoreError> {
@@ -71,6 +77,11 @@ impl TokenStore for Store {
         .await?;
         Ok(done.rows_affected() > 0)
     }
+}
+
+/// The token, unless it is revoked or expired.
+fn live(t: Option<TokenInfo>) -> Result<Option<TokenInfo>, StoreError> {
+    Ok(t.filter(|t| !t.revoked && t.expires_at.is_none_or(|e| e > Utc::now())))
 }
 
 fn token_row(r: &Row) -> Result<TokenInfo, StoreError> {

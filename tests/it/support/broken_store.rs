@@ -213,6 +213,10 @@ impl TokenStore for BrokenStore {
         self.port(Port::Tokens)?.tokens.token_by_hash(hash).await
     }
 
+    async fn live_token(&self, id: Uuid) -> Result<Option<TokenInfo>, StoreError> {
+        self.port(Port::Tokens)?.tokens.live_token(id).await
+    }
+
     async fn list_tokens(&self) -> Result<Vec<TokenInfo>, StoreError> {
         self.port(Port::Tokens)?.tokens.list_tokens().await
     }
