@@ -323,6 +323,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
+    configs.register(&metrics);
     let images = crate::images::ImageDepot::new(
         crate::images::ImageCache::new(config.data_dir.join("images")),
         match &config.image_factory {

@@ -62,8 +62,7 @@ pub async fn fetch(
             yaml,
         )
             .into_response(),
-        Err(Refusal::NotFound) => StatusCode::NOT_FOUND.into_response(),
-        Err(Refusal::Forbidden) => StatusCode::FORBIDDEN.into_response(),
+        Err(Refusal::Denied) => StatusCode::NOT_FOUND.into_response(),
         Err(Refusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }

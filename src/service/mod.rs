@@ -18,6 +18,7 @@ pub mod machine_config;
 pub mod ports;
 pub mod provisioning;
 pub mod secrets;
+pub mod throttle;
 pub mod workflow;
 
 pub use auth::Tokens;

@@ -42,11 +42,13 @@ pub(crate) enum WriteOp {
     WindowToken {
         id: MachineId,
         token_sha256: String,
+        ip: String,
         now: chrono::DateTime<chrono::Utc>,
     },
     /// `ConfigStore::record_served`.
     Served {
         id: MachineId,
+        token_sha256: String,
         served: ServedConfig,
         event: NewEvent,
     },

@@ -1315,21 +1315,76 @@ async fn configs_objects_and_served(b: Backend) {
         sha256: "ab".repeat(32),
         at: now(),
     };
-    st.configs
-        .record_served(m.id, &served, &event(Some(m.id), "config.served"))
+    // A config is recorded as served only with the window's token, and only once per token.
+    let with_token = |id: MachineId, token: &'static str| {
+        let st = st.clone();
+        async move {
+            let opened = now();
+            let w = ProvisionWindow {
+                machine_id: id,
+                opened_at: opened,
+                expires_at: opened + Duration::minutes(30),
+                opened_by: "test".into(),
+                wipe: false,
+                token_sha256: None,
+                token_minted_at: None,
+                token_ip: None,
+                token_used_at: None,
+                closed_at: None,
+                close_reason: None,
+            };
+            st.configs
+                .put_window(&w, &event(Some(id), "config.window_opened"))
+                .await
+                .expect("open");
+            assert!(st
+                .configs
+                .set_window_token(id, token, "10.9.0.1", now())
+                .await
+                .expect("token"));
+        }
+    };
+    with_token(m.id, "tk-50").await;
+    assert!(!st
+        .configs
+        .record_served(
+            m.id,
+            "another",
+            &served,
+            &event(Some(m.id), "config.served")
+        )
         .await
-        .expect("served");
+        .expect("not the window's token"));
+    assert!(st
+        .configs
+        .record_served(m.id, "tk-50", &served, &event(Some(m.id), "config.served"))
+        .await
+        .expect("served"));
+    assert!(!st
+        .configs
+        .record_served(m.id, "tk-50", &served, &event(Some(m.id), "config.served"))
+        .await
+        .expect("a token serves once"));
     assert_eq!(
         st.configs.machine_config(m.id).await.expect("config"),
         (patches, Some(served.clone()))
     );
     assert_eq!(events_of(&st, m.id, "config.served").await, 1);
+    let used = st.configs.window(m.id).await.expect("window").expect("row");
+    assert_eq!(used.token_used_at, Some(served.at));
     // A served config without patches keeps default patches.
     let other = create(&st, 51).await;
-    st.configs
-        .record_served(other.id, &served, &event(Some(other.id), "config.served"))
+    with_token(other.id, "tk-51").await;
+    assert!(st
+        .configs
+        .record_served(
+            other.id,
+            "tk-51",
+            &served,
+            &event(Some(other.id), "config.served")
+        )
         .await
-        .expect("served");
+        .expect("served"));
     assert_eq!(
         st.configs.machine_config(other.id).await.expect("config"),
         (MachinePatches::default(), Some(served))
@@ -1346,7 +1401,7 @@ async fn configs_windows(b: Backend) {
     assert_eq!(st.configs.window(m.id).await.expect("none"), None);
     assert!(!st
         .configs
-        .set_window_token(m.id, "t0", now())
+        .set_window_token(m.id, "t0", "10.9.0.2", now())
         .await
         .expect("no window"));
     let opened = now();
@@ -1358,6 +1413,8 @@ async fn configs_windows(b: Backend) {
         wipe: true,
         token_sha256: None,
         token_minted_at: None,
+        token_ip: None,
+        token_used_at: None,
         closed_at: None,
         close_reason: None,
     };
@@ -1372,17 +1429,22 @@ async fn configs_windows(b: Backend) {
     let minted = now();
     assert!(st
         .configs
-        .set_window_token(m.id, "t1", minted)
+        .set_window_token(m.id, "t1", "10.9.0.2", minted)
         .await
         .expect("token"));
     let got = st.configs.window(m.id).await.expect("window").expect("row");
     assert_eq!(
-        (got.token_sha256.as_deref(), got.token_minted_at),
-        (Some("t1"), Some(minted))
+        (
+            got.token_sha256.as_deref(),
+            got.token_minted_at,
+            got.token_ip.as_deref(),
+            got.token_used_at
+        ),
+        (Some("t1"), Some(minted), Some("10.9.0.2"), None)
     );
     assert!(!st
         .configs
-        .set_window_token(m.id, "t2", w.expires_at + Duration::seconds(1))
+        .set_window_token(m.id, "t2", "10.9.0.2", w.expires_at + Duration::seconds(1))
         .await
         .expect("expired"));
     let closed = now();
@@ -1413,7 +1475,7 @@ async fn configs_windows(b: Backend) {
     );
     assert!(!st
         .configs
-        .set_window_token(m.id, "t3", now())
+        .set_window_token(m.id, "t3", "10.9.0.2", now())
         .await
         .expect("closed"));
     assert_eq!(events_of(&st, m.id, "config.window_closed").await, 1);

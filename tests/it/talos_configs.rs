@@ -356,8 +356,27 @@ pub(crate) async fn fetch(
     token: &str,
     uuid: &str,
 ) -> (StatusCode, String) {
-    let r = srv
-        .client
+    fetch_from(srv, "127.0.0.1", id, token, uuid).await
+}
+
+/// A client whose requests leave from `local` (a loopback address: the server tells requesters
+/// apart by address).
+fn client_from(local: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(Some(local.parse().expect("ip")))
+        .build()
+        .expect("client")
+}
+
+/// A config fetch from the loopback address `local`.
+pub(crate) async fn fetch_from(
+    srv: &TestServer,
+    local: &str,
+    id: &str,
+    token: &str,
+    uuid: &str,
+) -> (StatusCode, String) {
+    let r = client_from(local)
         .get(srv.url(&format!("/config/{id}?token={token}&uuid={uuid}")))
         .send()
         .await
@@ -367,7 +386,12 @@ pub(crate) async fn fetch(
 }
 
 pub(crate) async fn boot_script(srv: &TestServer) -> String {
-    srv.client
+    boot_script_from(srv, "127.0.0.1").await
+}
+
+/// The machine's boot script as requested from the loopback address `local`.
+pub(crate) async fn boot_script_from(srv: &TestServer, local: &str) -> String {
+    client_from(local)
         .get(srv.url(&format!(
             "/boot/machine.ipxe?mac={}&uuid={UUID}&buildarch=x86_64&platform=efi",
             MAC.replace(':', "-")
@@ -553,18 +577,31 @@ async fn config_delivery(b: Backend) {
     let token = token_of(&script);
     assert!(token.len() >= 40);
 
-    // Wrong token, wrong UUID: 403. Right token and UUID: the config, byte for byte the render.
+    // Plinth neither leases nor reserves this machine's address here: the token is bound to the
+    // address that asked for the script, and an event says the binding is weak.
     assert_eq!(
-        fetch(&srv, &id, "wrong-token", UUID).await.0,
-        StatusCode::FORBIDDEN
-    );
-    assert_eq!(
-        fetch(&srv, &id, &token, "00000000-1111-2222-3333-444444444444")
+        events(&srv, &id, "config.token_bound_to_requester")
             .await
-            .0,
-        StatusCode::FORBIDDEN
+            .len(),
+        1
     );
-    assert_eq!(fetch(&srv, &id, &token, "").await.0, StatusCode::FORBIDDEN);
+    // Every refusal is the same answer, whatever was wrong: a wrong token, a wrong UUID, no
+    // UUID, the right token from another address.
+    for (from, tok, uuid) in [
+        ("127.0.0.1", "wrong-token", UUID),
+        (
+            "127.0.0.1",
+            token.as_str(),
+            "00000000-1111-2222-3333-444444444444",
+        ),
+        ("127.0.0.1", token.as_str(), ""),
+        ("127.0.0.2", token.as_str(), UUID),
+    ] {
+        let (s, body) = fetch_from(&srv, from, &id, tok, uuid).await;
+        assert_eq!(s, StatusCode::NOT_FOUND, "{from} {uuid}");
+        assert!(body.is_empty(), "no detail in refusals");
+    }
+    // Right token, UUID and address: the config, byte for byte the render.
     let (s, yaml) = fetch(&srv, &id, &token, UUID).await;
     assert_eq!(s, StatusCode::OK);
     let got = plinth::service::machine_config::token_hash(&yaml);
@@ -581,6 +618,19 @@ async fn config_delivery(b: Backend) {
         !served[0].to_string().contains(&token),
         "no token in events"
     );
+    // A token serves once: a second fetch with it is refused and is an anomaly of its own.
+    assert_eq!(
+        fetch(&srv, &id, &token, UUID).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(events(&srv, &id, "config.token_reused").await.len(), 1);
+    assert_eq!(
+        events(&srv, &id, "config.fetch_from_foreign_address")
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(events(&srv, &id, "config.uuid_mismatch").await.len(), 1);
     let st: Value = srv
         .req(
             Method::GET,
@@ -595,17 +645,29 @@ async fn config_delivery(b: Backend) {
         .expect("json");
     assert_eq!(st["served_sha256"], sha);
     assert_eq!(st["window_open"], true);
+    let metrics = srv
+        .client
+        .get(srv.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("text");
+    assert!(
+        metrics.contains("plinth_config_anomalies_total{kind=\"config.token_reused\"} 1"),
+        "{metrics}"
+    );
 
     // A new boot mints a new token: the old one is refused (replay).
     let token2 = token_of(&boot_script(&srv).await);
     assert_ne!(token, token2);
     assert_eq!(
         fetch(&srv, &id, &token, UUID).await.0,
-        StatusCode::FORBIDDEN
+        StatusCode::NOT_FOUND
     );
-    assert_eq!(fetch(&srv, &id, &token2, UUID).await.0, StatusCode::OK);
 
-    // Expired window: 403.
+    // Expired window, then a token older than its lifetime: refused.
     let store = plinth::app::open_store(&support::config(&srv.db, &extra), false)
         .await
         .expect("store");
@@ -631,13 +693,23 @@ async fn config_delivery(b: Backend) {
         .expect("expire");
     assert_eq!(
         fetch(&srv, &id, &token2, UUID).await.0,
-        StatusCode::FORBIDDEN
+        StatusCode::NOT_FOUND
+    );
+    let mut stale = w.clone();
+    stale.token_minted_at = w
+        .token_minted_at
+        .map(|t| t - plinth::service::machine_config::TOKEN_TTL);
+    store.configs.put_window(&stale, &ev).await.expect("stale");
+    assert_eq!(
+        fetch(&srv, &id, &token2, UUID).await.0,
+        StatusCode::NOT_FOUND
     );
     store.configs.put_window(&w, &ev).await.expect("reopen");
     assert_eq!(fetch(&srv, &id, &token2, UUID).await.0, StatusCode::OK);
 
-    // Installed: the window closes; the same token is now a 404, and the next network boot
-    // boots the local disk.
+    // Installed: the window closes; a token is refused, and the next network boot boots the
+    // local disk.
+    let token3 = token_of(&boot_script(&srv).await);
     let r = srv
         .req(
             Method::POST,
@@ -650,7 +722,7 @@ async fn config_delivery(b: Backend) {
         .expect("state");
     assert_eq!(r.status(), StatusCode::OK);
     assert_eq!(
-        fetch(&srv, &id, &token2, UUID).await.0,
+        fetch(&srv, &id, &token3, UUID).await.0,
         StatusCode::NOT_FOUND
     );
     let script = boot_script(&srv).await;
@@ -666,8 +738,9 @@ async fn config_delivery(b: Backend) {
     for want in [
         "no open provisioning window",
         "token does not match this boot's",
-        "SMBIOS UUID does not match the machine",
+        "no SMBIOS UUID presented",
         "provisioning window expired",
+        "token expired",
     ] {
         assert!(reasons.contains(&want), "{want} in {reasons:?}");
     }
@@ -689,7 +762,8 @@ async fn config_delivery(b: Backend) {
         "already closed by `installed`"
     );
 
-    // A reserved address that is not the requester's: 403 even with the right token.
+    // A reserved address that is not the requester's: the script request gets no token at all
+    // (whoever knows the MAC cannot mint one), says why, and is an anomaly of the machine.
     write_inventory(tmp.path(), &secrets, Some("10.9.9.9"));
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
     let r = srv
@@ -703,19 +777,14 @@ async fn config_delivery(b: Backend) {
         .await
         .expect("open");
     assert_eq!(r.status(), StatusCode::OK);
-    let token3 = token_of(&boot_script(&srv).await);
+    let script = boot_script(&srv).await;
+    assert!(!script.contains("token="), "{script}");
+    assert!(script.contains("machine's own address"), "{script}");
     assert_eq!(
-        fetch(&srv, &id, &token3, UUID).await.0,
-        StatusCode::FORBIDDEN
-    );
-    let reasons: Vec<String> = events(&srv, &id, "config.refused")
-        .await
-        .iter()
-        .filter_map(|e| e["detail"]["reason"].as_str().map(str::to_string))
-        .collect();
-    assert!(
-        reasons.iter().any(|r| r.contains("source address")),
-        "{reasons:?}"
+        events(&srv, &id, "config.script_from_foreign_address")
+            .await
+            .len(),
+        1
     );
 
     // An invalid config is never served: a machine patch the schema refuses stops the window
@@ -748,7 +817,113 @@ async fn config_delivery(b: Backend) {
     srv.finish().await;
 }
 
-both_backends!(config_delivery);
+/// The SMBIOS UUID binding is unconditional: a machine with none on record takes the first one it
+/// presents with its own boot's token (recorded, an event), and any later fetch with another UUID
+/// is refused and is an anomaly. (Before, a machine without a recorded UUID was served whatever
+/// UUID a fetch carried.)
+async fn a_machine_without_a_uuid_binds_the_first_one(b: Backend) {
+    let extra = format!("[talos]\nschema_dir = \"{}\"\n", schemas().display());
+    let srv = TestServer::start_with(b, &extra).await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let secrets = tmp.path().join("lab-secrets.yaml");
+    std::fs::write(
+        &secrets,
+        plinth::talos::secrets::SecretsBundle::generate()
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml"),
+    )
+    .expect("write");
+    write_inventory(tmp.path(), &secrets, None);
+    let inv = tmp.path().join("inv/all.yaml");
+    let text = std::fs::read_to_string(&inv).expect("inv");
+    std::fs::write(&inv, text.replace(&format!("smbios_uuid: {UUID}\n"), "")).expect("write");
+    apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
+    let m: Value = srv
+        .req(Method::GET, "/api/v1/machines/node-1", &srv.viewer)
+        .send()
+        .await
+        .expect("machine")
+        .json()
+        .await
+        .expect("json");
+    assert!(m["smbios_uuid"].is_null(), "{m}");
+    let id = m["id"].as_str().expect("id").to_string();
+    for state in ["ready"] {
+        let r = srv
+            .req(
+                Method::POST,
+                &format!("/api/v1/machines/{id}/state"),
+                &srv.operator,
+            )
+            .json(&json!({ "state": state }))
+            .send()
+            .await
+            .expect("state");
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/provision"),
+            &srv.operator,
+        )
+        .json(&json!({}))
+        .send()
+        .await
+        .expect("open");
+    assert_eq!(r.status(), StatusCode::OK);
+    let st: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/machines/{id}/config"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
+    let cache = plinth::images::ImageCache::new(srv.data_dir.join("images"));
+    let k = tmp.path().join("k");
+    std::fs::write(&k, b"kernel").expect("k");
+    for name in ["kernel-amd64", "initramfs-amd64.xz"] {
+        cache
+            .import(&schematic, "v1.12.11", name, &k)
+            .expect("import");
+    }
+    let first = "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0";
+    let token = token_of(&boot_script(&srv).await);
+    assert_eq!(fetch(&srv, &id, &token, first).await.0, StatusCode::OK);
+    let bound = events(&srv, &id, "config.uuid_bound").await;
+    assert_eq!(bound.len(), 1);
+    assert_eq!(bound[0]["detail"]["smbios_uuid"], first);
+    let m: Value = srv
+        .req(Method::GET, &format!("/api/v1/machines/{id}"), &srv.viewer)
+        .send()
+        .await
+        .expect("machine")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(m["smbios_uuid"], first, "recorded in the inventory");
+    // The next boot of the window presents another UUID: refused, an anomaly.
+    let token = token_of(&boot_script(&srv).await);
+    assert_eq!(
+        fetch(&srv, &id, &token, UUID).await.0,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(events(&srv, &id, "config.uuid_mismatch").await.len(), 1);
+    assert_eq!(fetch(&srv, &id, &token, first).await.0, StatusCode::OK);
+    srv.finish().await;
+}
+
+both_backends!(
+    config_delivery,
+    a_machine_without_a_uuid_binds_the_first_one
+);
 
 /// A cluster given as base configs (as `talosctl gen config` writes them) instead of a secrets
 /// bundle: its configs are rendered from those bases, secrets and all.

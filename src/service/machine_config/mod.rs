@@ -1,7 +1,8 @@
 //! Talos machine configs as a use case: the declared clusters, profiles and groups (loaded by
 //! `plinth apply`), rendering one machine's config from them, and handing it out only inside the
-//! machine's provisioning window, to the request that carries the token minted into its latest
-//! install boot.
+//! machine's provisioning window, to the machine itself: the request from the address the token of
+//! its latest install boot was minted for, carrying that token (once, within minutes) and the
+//! machine's SMBIOS UUID.
 //!
 //! Rendering order: base config of the role (generated from the cluster's secrets bundle, or the
 //! base config the cluster provides) -> cluster patches -> role patches -> site -> rack -> profile
@@ -32,7 +33,7 @@ pub use declared::{ClusterSecretInput, Sources, DEFAULT_FACTORY_HOST};
 pub use diff::{config_diff, redact};
 pub use render::{schema_file, RenderedMachine};
 pub use status::ConfigStatus;
-pub use window::{token_hash, InstallTicket, OpenError, Refusal};
+pub use window::{token_hash, InstallTicket, OpenError, Refusal, Ticket, TOKEN_TTL};
 
 use super::error::MachineConfigError;
 use super::ports::{ConfigStore, EventStore, LeaseStore};
@@ -48,6 +49,10 @@ pub struct ConfigService {
     secrets: SecretBox,
     schema_dir: Option<PathBuf>,
     validators: Arc<Mutex<ValidatorCache>>,
+    /// Refusals and anomalies written per (machine, source, kind) at most once a minute.
+    throttle: Arc<super::throttle::Throttle>,
+    /// Anomalies of config delivery, by kind (`plinth_config_anomalies_total`).
+    anomalies: window::Anomalies,
 }
 
 impl ConfigService {
@@ -68,7 +73,16 @@ impl ConfigService {
             secrets,
             schema_dir,
             validators: Arc::default(),
+            throttle: Arc::new(super::throttle::Throttle::new(
+                std::time::Duration::from_secs(60),
+            )),
+            anomalies: window::Anomalies::default(),
         }
+    }
+
+    /// Export the anomalies of config delivery as `plinth_config_anomalies_total{kind}`.
+    pub fn register(&self, metrics: &crate::metrics::Metrics) {
+        self.anomalies.register(metrics);
     }
 }
 

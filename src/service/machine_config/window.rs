@@ -1,7 +1,18 @@
 //! Provisioning windows and config delivery: opening and closing a machine's window, minting
-//! the token of an install boot (`InstallTicket`), and the checks before a config is handed out
-//! (open window, provisioning state, this boot's token, SMBIOS UUID, source address), every
-//! answer an event. Never logs a config or a token.
+//! the token of an install boot (`InstallTicket`), and the checks before a config is handed out.
+//!
+//! A config goes to the machine, not to whoever knows its MAC. The token of an install boot is
+//! minted only for a script request from the machine's own address (its reserved address or a
+//! lease Plinth bound to one of its MACs; where Plinth knows neither, the address that asked, and
+//! the event says the binding is weak), and is bound to that address; a request from any other
+//! address gets no token and never replaces the machine's. The fetch must come from that address
+//! with that token, within [`TOKEN_TTL`] of the mint, once (the first config served uses it up,
+//! in the same transaction), with the machine's SMBIOS UUID (a machine with none on record binds
+//! the first one it presents). Every refusal is one answer to the client (nothing tells which
+//! check failed, and refusals take the same time), and an event of the machine; the anomalies
+//! that mean someone else is trying (a foreign address, a token used twice, another UUID) are
+//! events of their own kind and a metric, so an operator knows which cluster's secrets to rotate.
+//! Never logs a config or a token.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -20,13 +31,20 @@ use crate::service::ports::{LeaseState, NewEvent, ProvisionWindow, ServedConfig,
 /// The outcome of a config fetch that is not served.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Refusal {
-    /// No such machine, or nothing may be served to it now: 404.
-    NotFound,
-    /// A window is open but the request does not prove it comes from the machine: 403.
-    Forbidden,
+    /// Nothing is served to this request: one answer (404) whatever the reason, which is in the
+    /// machine's events.
+    Denied,
     /// The store failed: nothing can be decided now, the machine retries: 503 (never a 404).
     Unavailable,
 }
+
+/// How long after its mint a config token may be used: an install boot fetches its config within
+/// minutes of its script.
+pub const TOKEN_TTL: Duration = Duration::minutes(15);
+
+/// The least time a refused fetch takes, whatever was checked: answers do not tell by their
+/// timing which machines exist or which windows are open.
+const REFUSAL_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// What an install boot needs from the config side.
 #[derive(Clone)]
@@ -49,6 +67,48 @@ impl std::fmt::Debug for InstallTicket {
             .field("talos_version", &self.talos_version)
             .field("schematic_id", &self.schematic_id)
             .finish_non_exhaustive()
+    }
+}
+
+/// The answer to an install boot's script request.
+#[derive(Debug)]
+pub enum Ticket {
+    /// No provisioning window is open.
+    NoWindow,
+    /// The request does not come from the machine's address: no token (the reason is an event).
+    NotFromMachine,
+    /// The install cannot start yet (its Talos image is not cached): no token; why.
+    Waiting(String),
+    /// The install, with this boot's token.
+    Issued(InstallTicket),
+}
+
+/// Label: the kind of an anomaly.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct AnomalyLabel {
+    kind: &'static str,
+}
+
+/// Anomalies of config delivery, counted by kind.
+#[derive(Clone, Default)]
+pub(super) struct Anomalies(
+    prometheus_client::metrics::family::Family<
+        AnomalyLabel,
+        prometheus_client::metrics::counter::Counter,
+    >,
+);
+
+impl Anomalies {
+    pub(super) fn register(&self, metrics: &crate::metrics::Metrics) {
+        metrics.register(
+            "config_anomalies",
+            "Config deliveries that look like someone other than the machine asking, by kind",
+            self.0.clone(),
+        );
+    }
+
+    fn count(&self, kind: &'static str) {
+        self.0.get_or_create(&AnomalyLabel { kind }).inc();
     }
 }
 
@@ -114,6 +174,8 @@ impl ConfigService {
             wipe,
             token_sha256: None,
             token_minted_at: None,
+            token_ip: None,
+            token_used_at: None,
             closed_at: None,
             close_reason: None,
         };
@@ -152,31 +214,65 @@ impl ConfigService {
             .await?)
     }
 
-    /// For an install boot of `m`: mint the token of this boot, when the window is open and the
-    /// config renders. `Ok(None)`: no window is open.
+    /// For an install boot of `m`, asked for from `peer`: mint this boot's token, bound to
+    /// `peer`, when the window is open, `peer` is the machine's own address, the config renders,
+    /// and `ready` (given the Talos version and schematic) says the install can start. A request
+    /// from another address, or one that has to wait, gets no token and leaves the machine's
+    /// alone.
     pub async fn install_ticket(
         &self,
         m: &Machine,
-    ) -> Result<Option<InstallTicket>, MachineConfigError> {
+        peer: IpAddr,
+        ready: impl FnOnce(&str, &str) -> Result<(), String>,
+    ) -> Result<Ticket, MachineConfigError> {
         let now = Utc::now();
         let Some(w) = self.configs.window(m.id).await? else {
-            return Ok(None);
+            return Ok(Ticket::NoWindow);
         };
         if !w.is_open(now) {
-            return Ok(None);
+            return Ok(Ticket::NoWindow);
+        }
+        let expected = self.expected_addresses(m).await?;
+        let peer_v4 = v4(peer);
+        if !expected.is_empty() && !peer_v4.is_some_and(|ip| expected.contains(&ip)) {
+            self.anomaly(
+                m.id,
+                peer,
+                "config.script_from_foreign_address",
+                serde_json::json!({
+                    "expected": expected.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                }),
+            )
+            .await;
+            return Ok(Ticket::NotFromMachine);
         }
         let rendered = self.render_machine(m).await?;
+        if let Err(why) = ready(&rendered.version.to_string(), &rendered.schematic_id) {
+            return Ok(Ticket::Waiting(why));
+        }
         let mut raw = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut raw);
         let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+        let ip = peer_v4.map_or_else(|| peer.to_string(), |v| v.to_string());
         if !self
             .configs
-            .set_window_token(m.id, &token_hash(&token), now)
+            .set_window_token(m.id, &token_hash(&token), &ip, now)
             .await?
         {
-            return Ok(None);
+            return Ok(Ticket::NoWindow);
         }
-        Ok(Some(InstallTicket {
+        if expected.is_empty() {
+            // Plinth neither leases nor reserves this machine's address (proxyDHCP, another DHCP
+            // server): the token is bound to the address that asked, which is all it can know.
+            self.event(
+                m.id,
+                "config.token_bound_to_requester",
+                serde_json::json!({ "from": ip,
+                    "why": "Plinth neither leases nor reserves an address of this machine; reserve one (interfaces[].ipv4) to bind its config to it" }),
+            )
+            .await;
+        }
+        Ok(Ticket::Issued(InstallTicket {
             token,
             talos_version: rendered.version.to_string(),
             schematic_id: rendered.schematic_id,
@@ -185,9 +281,26 @@ impl ConfigService {
         }))
     }
 
-    /// Serve the config of machine `id` to a request carrying `token`, the SMBIOS `uuid` Talos
-    /// substituted, from address `from`. Every answer is an event.
+    /// Serve the config of machine `id` to a request carrying `token` and the SMBIOS `uuid` Talos
+    /// substituted, from address `from` (see the module's paragraph for the checks). Every
+    /// refusal is `Refusal::Denied` after the same minimum time, and an event.
     pub async fn fetch(
+        &self,
+        inventory: &Inventory,
+        id: MachineId,
+        token: Option<&str>,
+        uuid: Option<&str>,
+        from: IpAddr,
+    ) -> Result<String, Refusal> {
+        let started = tokio::time::Instant::now();
+        let outcome = self.deliver(inventory, id, token, uuid, from).await;
+        if outcome == Err(Refusal::Denied) {
+            tokio::time::sleep_until(started + REFUSAL_FLOOR).await;
+        }
+        outcome
+    }
+
+    async fn deliver(
         &self,
         inventory: &Inventory,
         id: MachineId,
@@ -197,30 +310,13 @@ impl ConfigService {
     ) -> Result<String, Refusal> {
         let m = match inventory.get(id).await {
             Ok(m) => m,
-            Err(ServiceError::NotFound(_)) => return Err(Refusal::NotFound),
+            Err(ServiceError::NotFound(_)) => return Err(Refusal::Denied),
             Err(e) => {
                 tracing::error!(error = %e, "config fetch: machine look-up failed");
                 return Err(Refusal::Unavailable);
             }
         };
         let now = Utc::now();
-        let refuse = |refusal: Refusal, reason: &str| {
-            let event = NewEvent {
-                machine_id: Some(id),
-                kind: "config.refused".into(),
-                actor: "talos".into(),
-                detail: serde_json::json!({ "reason": reason, "from": from.to_string(),
-                    "status": if refusal == Refusal::NotFound { 404 } else { 403 } }),
-            };
-            let events = self.events.clone();
-            async move {
-                if let Err(e) = events.append_event(&event).await {
-                    tracing::warn!(error = %e, "config fetch: event not written");
-                }
-                tracing::info!(machine = %id, %from, reason = event.detail["reason"].as_str().unwrap_or(""), "config refused");
-                Err(refusal)
-            }
-        };
         let window = match self.configs.window(id).await {
             Ok(w) => w,
             Err(e) => {
@@ -229,47 +325,67 @@ impl ConfigService {
             }
         };
         let Some(w) = window.filter(|w| w.closed_at.is_none()) else {
-            return refuse(Refusal::NotFound, "no open provisioning window").await;
+            return self.refuse(id, from, "no open provisioning window").await;
         };
         if m.state != LifecycleState::Provisioning {
-            return refuse(Refusal::NotFound, "machine is not provisioning").await;
+            return self.refuse(id, from, "machine is not provisioning").await;
         }
         if w.expires_at <= now {
-            return refuse(Refusal::Forbidden, "provisioning window expired").await;
+            return self.refuse(id, from, "provisioning window expired").await;
         }
-        let token_ok = match (token, &w.token_sha256) {
-            (Some(t), Some(h)) => constant_time_eq(token_hash(t).as_bytes(), h.as_bytes()),
-            _ => false,
+        let (Some(token), Some(hash)) = (token, &w.token_sha256) else {
+            return self.refuse(id, from, "no token of this boot").await;
         };
-        if !token_ok {
-            return refuse(Refusal::Forbidden, "token does not match this boot's").await;
+        let hashed = token_hash(token);
+        if !constant_time_eq(hashed.as_bytes(), hash.as_bytes()) {
+            return self
+                .refuse(id, from, "token does not match this boot's")
+                .await;
         }
-        if let Some(want) = m.smbios_uuid {
-            let got = uuid.and_then(|u| u.trim().parse::<uuid::Uuid>().ok());
-            if got != Some(want) {
-                return refuse(Refusal::Forbidden, "SMBIOS UUID does not match the machine").await;
-            }
+        if w.token_used_at.is_some() {
+            return self
+                .refuse_anomaly(
+                    id,
+                    from,
+                    "config.token_reused",
+                    "the token was used already",
+                )
+                .await;
         }
-        match self.expected_addresses(&m).await {
-            Ok(addrs) if !addrs.is_empty() => {
-                let ok = match from {
-                    IpAddr::V4(v4) => addrs.contains(&v4),
-                    IpAddr::V6(v6) => v6.to_ipv4_mapped().is_some_and(|v4| addrs.contains(&v4)),
-                };
-                if !ok {
-                    return refuse(
-                        Refusal::Forbidden,
-                        "source address is not the machine's leased or reserved address",
+        if w.token_minted_at.is_none_or(|t| t + TOKEN_TTL <= now) {
+            return self.refuse(id, from, "token expired").await;
+        }
+        let from_text = v4(from).map_or_else(|| from.to_string(), |v| v.to_string());
+        if w.token_ip.as_deref() != Some(from_text.as_str()) {
+            return self
+                .refuse_anomaly(
+                    id,
+                    from,
+                    "config.fetch_from_foreign_address",
+                    "the token was minted for another address",
+                )
+                .await;
+        }
+        let Some(presented) = uuid
+            .and_then(|u| u.trim().parse::<uuid::Uuid>().ok())
+            .filter(|u| !u.is_nil() && !u.is_max())
+        else {
+            return self.refuse(id, from, "no SMBIOS UUID presented").await;
+        };
+        let bind_uuid = match m.smbios_uuid {
+            Some(want) if want == presented => false,
+            Some(_) => {
+                return self
+                    .refuse_anomaly(
+                        id,
+                        from,
+                        "config.uuid_mismatch",
+                        "SMBIOS UUID does not match the machine",
                     )
-                    .await;
-                }
+                    .await
             }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::error!(error = %e, "config fetch: lease look-up failed");
-                return Err(Refusal::Unavailable);
-            }
-        }
+            None => true,
+        };
         let rendered = match self.render_machine(&m).await {
             Ok(r) => r,
             // The store failed while loading the render's inputs: the config is not at fault,
@@ -289,9 +405,51 @@ impl ConfigService {
                         "plinth",
                     )
                     .await;
-                return refuse(Refusal::NotFound, &format!("config invalid: {reason}")).await;
+                return self
+                    .refuse(id, from, &format!("config invalid: {reason}"))
+                    .await;
             }
         };
+        if bind_uuid {
+            // The first UUID a machine presents with its own boot's token becomes its identity.
+            match inventory
+                .update(
+                    id,
+                    Some(m.version),
+                    serde_json::json!({ "smbios_uuid": presented }),
+                    "talos",
+                )
+                .await
+            {
+                Ok(_) => {
+                    self.event(
+                        id,
+                        "config.uuid_bound",
+                        serde_json::json!({ "smbios_uuid": presented, "from": from_text }),
+                    )
+                    .await
+                }
+                Err(ServiceError::Conflict(_)) => {
+                    return self
+                        .refuse_anomaly(
+                            id,
+                            from,
+                            "config.uuid_mismatch",
+                            "the SMBIOS UUID belongs to another machine",
+                        )
+                        .await
+                }
+                Err(ServiceError::Store(e)) => {
+                    tracing::error!(error = %e, "config fetch: UUID not recorded");
+                    return Err(Refusal::Unavailable);
+                }
+                Err(e) => {
+                    return self
+                        .refuse(id, from, &format!("SMBIOS UUID not recorded: {e}"))
+                        .await
+                }
+            }
+        }
         let served = ServedConfig {
             sealed: self.secrets.seal(
                 &sealed_context("served", &id.to_string()),
@@ -304,15 +462,92 @@ impl ConfigService {
             machine_id: Some(id),
             kind: "config.served".into(),
             actor: "talos".into(),
-            detail: serde_json::json!({ "sha256": rendered.sha256, "from": from.to_string(),
+            detail: serde_json::json!({ "sha256": rendered.sha256, "from": from_text,
                 "talos_version": rendered.version.to_string() }),
         };
-        if let Err(e) = self.configs.record_served(id, &served, &event).await {
-            tracing::error!(error = %e, "config fetch: could not record the served config");
-            return Err(Refusal::Unavailable);
+        match self
+            .configs
+            .record_served(id, &hashed, &served, &event)
+            .await
+        {
+            Ok(true) => {}
+            // Another fetch with this token got there first.
+            Ok(false) => {
+                return self
+                    .refuse_anomaly(
+                        id,
+                        from,
+                        "config.token_reused",
+                        "the token was used already",
+                    )
+                    .await
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "config fetch: could not record the served config");
+                return Err(Refusal::Unavailable);
+            }
         }
         tracing::info!(machine = %id, %from, sha256 = %rendered.sha256, "config served");
         Ok(rendered.yaml)
+    }
+
+    /// Refuse, with a `config.refused` event naming `reason` (throttled per source).
+    async fn refuse(&self, id: MachineId, from: IpAddr, reason: &str) -> Result<String, Refusal> {
+        tracing::info!(machine = %id, %from, reason, "config refused");
+        if let Some(suppressed) = self.throttle.admit(&(id, from, "config.refused", reason)) {
+            self.event(
+                id,
+                "config.refused",
+                serde_json::json!({ "reason": reason, "from": from.to_string(),
+                    "suppressed": suppressed }),
+            )
+            .await;
+        }
+        Err(Refusal::Denied)
+    }
+
+    /// Refuse, recording an anomaly of `kind` (someone other than the machine may be asking).
+    async fn refuse_anomaly(
+        &self,
+        id: MachineId,
+        from: IpAddr,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<String, Refusal> {
+        tracing::warn!(machine = %id, %from, kind, reason, "config refused: anomaly");
+        self.anomaly(id, from, kind, serde_json::json!({ "reason": reason }))
+            .await;
+        Err(Refusal::Denied)
+    }
+
+    /// An anomaly of delivery: counted, and an event of the machine (throttled per source).
+    async fn anomaly(
+        &self,
+        id: MachineId,
+        from: IpAddr,
+        kind: &'static str,
+        mut detail: serde_json::Value,
+    ) {
+        self.anomalies.count(kind);
+        if let Some(suppressed) = self.throttle.admit(&(id, from, kind)) {
+            if let serde_json::Value::Object(o) = &mut detail {
+                o.insert("from".into(), from.to_string().into());
+                o.insert("suppressed".into(), suppressed.into());
+            }
+            self.event(id, kind, detail).await;
+        }
+    }
+
+    async fn event(&self, id: MachineId, kind: &str, detail: serde_json::Value) {
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: kind.into(),
+            actor: "talos".into(),
+            detail,
+        };
+        if let Err(e) = self.events.append_event(&event).await {
+            tracing::warn!(error = %e, kind, "config delivery: event not written");
+        }
     }
 
     /// Addresses a request for `m`'s config may come from: its reserved addresses and its bound
@@ -346,6 +581,14 @@ pub enum OpenError {
     Config(MachineConfigError),
 }
 
+/// An address as IPv4 (an IPv4-mapped IPv6 address too).
+fn v4(ip: IpAddr) -> Option<std::net::Ipv4Addr> {
+    match ip {
+        IpAddr::V4(v) => Some(v),
+        IpAddr::V6(v6) => v6.to_ipv4_mapped(),
+    }
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -365,6 +608,8 @@ mod tests {
             wipe: false,
             token_sha256: None,
             token_minted_at: None,
+            token_ip: None,
+            token_used_at: None,
             closed_at: None,
             close_reason: None,
         };

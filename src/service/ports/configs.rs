@@ -197,6 +197,11 @@ pub struct ProvisionWindow {
     pub token_sha256: Option<String>,
     /// When that token was minted.
     pub token_minted_at: Option<DateTime<Utc>>,
+    /// The address the token was minted for (the machine's own, that asked for the install
+    /// script): only a fetch from it is served.
+    pub token_ip: Option<String>,
+    /// When the token was used (a config was served for it): it serves once.
+    pub token_used_at: Option<DateTime<Utc>>,
     /// Closed at.
     pub closed_at: Option<DateTime<Utc>>,
     /// Why it closed.
@@ -245,22 +250,27 @@ pub trait ConfigStore: Send + Sync + 'static {
     ) -> Result<(MachinePatches, Option<ServedConfig>), StoreError>;
     /// Patches of every machine that has some.
     async fn all_machine_patches(&self) -> Result<Vec<(MachineId, MachinePatches)>, StoreError>;
-    /// Remember what was served, with its event, in one transaction.
+    /// Use the window's token `token_sha256` (once: only if it is still the window's token and
+    /// unused) and remember what was served, with its event, in one transaction; false (nothing
+    /// written) when the token was used already or replaced.
     async fn record_served(
         &self,
         id: MachineId,
+        token_sha256: &str,
         served: &ServedConfig,
         event: &NewEvent,
-    ) -> Result<(), StoreError>;
+    ) -> Result<bool, StoreError>;
     /// Open (or replace) a machine's window, with its event.
     async fn put_window(&self, w: &ProvisionWindow, event: &NewEvent) -> Result<(), StoreError>;
     /// A machine's window, open or not.
     async fn window(&self, id: MachineId) -> Result<Option<ProvisionWindow>, StoreError>;
-    /// Set the token of the latest install boot, only while the window is open at `now`.
+    /// Set the token of the latest install boot, minted for a script request from `ip`, only
+    /// while the window is open at `now` (unused, replacing any earlier token).
     async fn set_window_token(
         &self,
         id: MachineId,
         token_sha256: &str,
+        ip: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError>;
     /// Close an open window, with its event; false when none was open.

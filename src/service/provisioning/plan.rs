@@ -17,6 +17,7 @@ use crate::domain::boot::{
 };
 use crate::domain::dhcp::Arch;
 use crate::domain::{LifecycleState, MacAddr, Machine};
+use crate::service::machine_config::Ticket;
 use crate::service::ports::NewEvent;
 
 /// An iPXE script request.
@@ -90,7 +91,7 @@ impl ProvisioningService {
                 };
             }
         };
-        let plan = self.plan(&m, arch, &base).await;
+        let plan = self.plan(&m, arch, &base, req.peer).await;
         let self_url = format!(
             "{base}/boot/machine.ipxe?mac={}&uuid={}&buildarch={}&platform={}",
             mac.to_string().replace(':', "-"),
@@ -106,11 +107,11 @@ impl ProvisioningService {
     }
 
     /// Decide the plan of `m`.
-    async fn plan(&self, m: &Machine, arch: Arch, base: &str) -> BootPlan {
+    async fn plan(&self, m: &Machine, arch: Arch, base: &str, peer: IpAddr) -> BootPlan {
         if m.state != LifecycleState::Provisioning {
             return decide(m, None);
         }
-        match self.install_assets(m, arch, base).await {
+        match self.install_assets(m, arch, base, peer).await {
             Ok(assets) => decide(m, assets),
             Err(reason) => BootPlan::Hold {
                 reason,
@@ -127,29 +128,35 @@ impl ProvisioningService {
         m: &Machine,
         arch: Arch,
         base: &str,
+        peer: IpAddr,
     ) -> Result<Option<InstallAssets>, String> {
-        let ticket = match self.inner.configs.install_ticket(m).await {
-            Ok(Some(t)) => t,
-            Ok(None) => return Ok(None),
+        let ready = |version: &str, schematic: &str| {
+            match self.readiness(schematic, version, arch) {
+            Readiness::Ready => Ok(()),
+            Readiness::Missing { file } => Err(format!(
+                "Talos {version} {file} of schematic {schematic} is not in the image cache: plinth image import or pull it"
+            )),
+            Readiness::Pulling { file, source } => Err(format!(
+                "Talos {version} {file} of schematic {schematic} is not in the image cache yet: downloading it from {source}"
+            )),
+        }
+        };
+        let ticket = match self.inner.configs.install_ticket(m, peer, ready).await {
+            Ok(Ticket::Issued(t)) => t,
+            Ok(Ticket::NoWindow) => return Ok(None),
+            Ok(Ticket::NotFromMachine) => {
+                return Err(
+                    "an install is handed out only to a request from the machine's own address"
+                        .into(),
+                )
+            }
+            Ok(Ticket::Waiting(why)) => return Err(why),
             Err(e) => {
                 tracing::warn!(machine = %m.id, error = %e, "boot: the machine's config does not render");
                 return Err(format!("the machine config does not render: {e}"));
             }
         };
         let (schematic, version) = (&ticket.schematic_id, &ticket.talos_version);
-        match self.readiness(schematic, version, arch) {
-            Readiness::Ready => {}
-            Readiness::Missing { file } => {
-                return Err(format!(
-                    "Talos {version} {file} of schematic {schematic} is not in the image cache: plinth image import or pull it"
-                ))
-            }
-            Readiness::Pulling { file, source } => {
-                return Err(format!(
-                    "Talos {version} {file} of schematic {schematic} is not in the image cache yet: downloading it from {source}"
-                ))
-            }
-        }
         let images = format!(
             "{}/images/{schematic}/{version}",
             self.inner.settings.images_door.base(base)

@@ -4,7 +4,7 @@
 
 use async_trait::async_trait;
 
-use super::configs::{served_config, window_token};
+use super::configs::{served_config, use_token, window_token};
 use super::events::insert_events;
 use super::leases::{flush, ip_key};
 use super::Db;
@@ -65,16 +65,25 @@ impl WriteBatch for Batch {
                 WriteOp::WindowToken {
                     id,
                     token_sha256,
+                    ip,
                     now,
                 } => {
                     flush(&mut tx, &mut run, &mut out).await?;
-                    out.push(window_token(&mut tx, *id, token_sha256, *now).await?);
+                    out.push(window_token(&mut tx, *id, token_sha256, ip, *now).await?);
                 }
-                WriteOp::Served { id, served, event } => {
+                WriteOp::Served {
+                    id,
+                    token_sha256,
+                    served,
+                    event,
+                } => {
                     flush(&mut tx, &mut run, &mut out).await?;
-                    served_config(&mut tx, *id, served).await?;
-                    insert_events(&mut tx, &[event]).await?;
-                    out.push(true);
+                    let used = use_token(&mut tx, *id, token_sha256, served.at).await?;
+                    if used {
+                        served_config(&mut tx, *id, served).await?;
+                        insert_events(&mut tx, &[event]).await?;
+                    }
+                    out.push(used);
                 }
             }
             debug_assert!(out.len() + run.len() == i + 1);

@@ -18,20 +18,43 @@ use crate::service::ports::{
 use crate::store::group_commit::WriteOp;
 use crate::store::json_err;
 
-/// Hand the open window of `id` the token of this boot; false when no window is open.
+/// Hand the open window of `id` the token of this boot, minted for `ip`; false when no window is
+/// open.
 pub(super) async fn window_token(
+    tx: &mut Tx<'_>,
+    id: MachineId,
+    token_sha256: &str,
+    ip: &str,
+    now: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let r = sqlx::query(
+        "UPDATE provision_windows SET token_sha256 = $1, token_minted_at = $2, token_ip = $3, \
+         token_used_at = NULL WHERE machine_id = $4 AND closed_at IS NULL AND expires_at > $2",
+    )
+    .bind(token_sha256)
+    .bind(now)
+    .bind(ip)
+    .bind(id.0)
+    .execute(&mut **tx)
+    .await?;
+    Ok(r.rows_affected() == 1)
+}
+
+/// Use the window token `token_sha256` of `id` at `now`: true only the first time, while it is
+/// still the window's token.
+pub(super) async fn use_token(
     tx: &mut Tx<'_>,
     id: MachineId,
     token_sha256: &str,
     now: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
     let r = sqlx::query(
-        "UPDATE provision_windows SET token_sha256 = $1, token_minted_at = $2 \
-         WHERE machine_id = $3 AND closed_at IS NULL AND expires_at > $2",
+        "UPDATE provision_windows SET token_used_at = $1 \
+         WHERE machine_id = $2 AND token_sha256 = $3 AND token_used_at IS NULL",
     )
-    .bind(token_sha256)
     .bind(now)
     .bind(id.0)
+    .bind(token_sha256)
     .execute(&mut **tx)
     .await?;
     Ok(r.rows_affected() == 1)
@@ -59,7 +82,7 @@ pub(super) async fn served_config(
 }
 
 const WINDOW_COLS: &str = "machine_id, opened_at, expires_at, opened_by, wipe, token_sha256, \
-    token_minted_at, closed_at, close_reason";
+    token_minted_at, closed_at, close_reason, token_ip, token_used_at";
 
 fn window_row(r: &Row) -> Result<ProvisionWindow, StoreError> {
     Ok(ProvisionWindow {
@@ -72,6 +95,8 @@ fn window_row(r: &Row) -> Result<ProvisionWindow, StoreError> {
         token_minted_at: r.try_get("token_minted_at")?,
         closed_at: r.try_get("closed_at")?,
         close_reason: r.try_get("close_reason")?,
+        token_ip: r.try_get("token_ip")?,
+        token_used_at: r.try_get("token_used_at")?,
     })
 }
 
@@ -231,27 +256,29 @@ impl ConfigStore for Store {
     async fn record_served(
         &self,
         id: MachineId,
+        token_sha256: &str,
         served: &ServedConfig,
         event: &NewEvent,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         self.group_commit
             .write(WriteOp::Served {
                 id,
+                token_sha256: token_sha256.to_string(),
                 served: served.clone(),
                 event: event.clone(),
             })
             .await
-            .map(|_| ())
     }
 
     async fn put_window(&self, w: &ProvisionWindow, event: &NewEvent) -> Result<(), StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
         sqlx::query(&format!(
-            "INSERT INTO provision_windows ({WINDOW_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+            "INSERT INTO provision_windows ({WINDOW_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
              ON CONFLICT (machine_id) DO UPDATE SET opened_at = excluded.opened_at, \
              expires_at = excluded.expires_at, opened_by = excluded.opened_by, wipe = excluded.wipe, \
              token_sha256 = excluded.token_sha256, token_minted_at = excluded.token_minted_at, \
-             closed_at = excluded.closed_at, close_reason = excluded.close_reason"
+             closed_at = excluded.closed_at, close_reason = excluded.close_reason, \
+             token_ip = excluded.token_ip, token_used_at = excluded.token_used_at"
         ))
         .bind(w.machine_id.0)
         .bind(w.opened_at)
@@ -262,6 +289,8 @@ impl ConfigStore for Store {
         .bind(w.token_minted_at)
         .bind(w.closed_at)
         .bind(&w.close_reason)
+        .bind(&w.token_ip)
+        .bind(w.token_used_at)
         .execute(&mut *tx)
         .await
         ?;
@@ -283,12 +312,14 @@ impl ConfigStore for Store {
         &self,
         id: MachineId,
         token_sha256: &str,
+        ip: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         self.group_commit
             .write(WriteOp::WindowToken {
                 id,
                 token_sha256: token_sha256.to_string(),
+                ip: ip.to_string(),
                 now,
             })
             .await

@@ -352,11 +352,14 @@ impl ConfigStore for BrokenStore {
     async fn record_served(
         &self,
         id: MachineId,
+        token_sha256: &str,
         served: &ServedConfig,
         event: &NewEvent,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, StoreError> {
         let s = self.port(Port::Configs)?;
-        s.configs.record_served(id, served, event).await
+        s.configs
+            .record_served(id, token_sha256, served, event)
+            .await
     }
 
     async fn put_window(&self, w: &ProvisionWindow, event: &NewEvent) -> Result<(), StoreError> {
@@ -371,10 +374,11 @@ impl ConfigStore for BrokenStore {
         &self,
         id: MachineId,
         token_sha256: &str,
+        ip: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, StoreError> {
         let s = self.port(Port::Configs)?;
-        s.configs.set_window_token(id, token_sha256, now).await
+        s.configs.set_window_token(id, token_sha256, ip, now).await
     }
 
     async fn close_window(
