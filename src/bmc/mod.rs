@@ -3,10 +3,12 @@
 //!
 //! Layout: the `Bmc` trait, its result types and `BmcError` live in `crate::service::bmc` (the
 //! service layer owns the traits it needs) and are re-exported here;
-//! `transport` owns HTTP (sessions, ETags, task monitors, retries, timeouts, the per-BMC request
-//! limit); `tls` builds the rustls configuration (system roots, a pinned certificate fingerprint, or
-//! explicitly insecure); `odata` follows `@odata.id` links and pages through collections; `quirks`
-//! is the one table of vendor differences; `redfish` implements `Bmc` on top of them.
+//! `transport/` owns HTTP, one file per concern (`endpoint`, `request` with retries, timeouts and
+//! the per-BMC request limit, `session`, `etag`, `task`); `tls` builds the rustls configuration
+//! (system roots, a pinned certificate fingerprint, or explicitly insecure); `odata` reads Redfish
+//! JSON (links, collection pages, properties); `quirks` is the one table of vendor differences;
+//! `redfish/` implements `Bmc` on top of them, one file per concern (`discovery`, `power`, `boot`,
+//! `media`, `inspect`, `capabilities`).
 //!
 //! Every resource is found by following links from the service root; no path but `/redfish/v1/` is
 //! ever built by hand. This module may import `domain` (MAC addresses, disk types, TLS modes) and

@@ -225,6 +225,15 @@ impl fmt::Debug for BmcSpec {
     }
 }
 
+/// A short reference to a machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MachineRef {
+    /// Inventory id.
+    pub id: MachineId,
+    /// Hostname, serial or id.
+    pub name: String,
+}
+
 /// A BMC as the inventory shows it: never the password, only whether one is stored.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Bmc {

@@ -54,14 +54,7 @@ impl fmt::Display for Conflict {
     }
 }
 
-/// A short reference to a machine.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct MachineRef {
-    /// Inventory id.
-    pub id: MachineId,
-    /// Hostname, serial or id.
-    pub name: String,
-}
+pub use crate::domain::MachineRef;
 
 /// What happens to a stored BMC password on a write.
 #[derive(Clone, Debug, PartialEq, Eq)]
