@@ -2,25 +2,41 @@
 //! ComputerSystem. The target is mapped to what the BMC allows (and what its quirk row prefers for
 //! the virtual CD), the mode is sent as the quirk row says, and the override is read back (a few
 //! polls) and compared with what was written.
+//!
+//! What the BMC holds is read by `boot_override` alone, which the capability probe uses too: a
+//! `BootSourceOverrideMode` that is absent or `null` makes the mode "not settable" for both.
 
 use serde_json::{json, Value};
 
-use super::super::odata::{text, texts_at};
+use super::super::odata::{text_at, texts_at};
 use super::super::quirks::{ModeInPatch, Quirks};
 use super::super::transport::Doc;
 use super::RedfishBmc;
 use crate::bmc::BmcError;
 use crate::service::bmc::{BootMode, BootOverride, BootTarget};
 
+/// The boot override a ComputerSystem shows (each field `None` when absent, `null` or blank; so is
+/// every field when `Boot` itself is absent or `null`).
+pub(super) fn boot_override(sys: &Value) -> BootOverride {
+    BootOverride {
+        target: text_at(sys, "/Boot/BootSourceOverrideTarget"),
+        enabled: text_at(sys, "/Boot/BootSourceOverrideEnabled"),
+        mode: text_at(sys, "/Boot/BootSourceOverrideMode"),
+    }
+}
+
+/// The `BootSourceOverrideTarget` values a ComputerSystem allows; empty when it does not say.
+pub(super) fn boot_targets(sys: &Value) -> Vec<String> {
+    texts_at(
+        sys,
+        "/Boot/BootSourceOverrideTarget@Redfish.AllowableValues",
+    )
+}
+
 impl RedfishBmc {
     async fn boot_override_of(&self) -> Result<(Doc, BootOverride), BmcError> {
         let sys = self.system().await?;
-        let b = sys.json.get("Boot").cloned().unwrap_or(Value::Null);
-        let ov = BootOverride {
-            target: text(&b, "BootSourceOverrideTarget"),
-            enabled: text(&b, "BootSourceOverrideEnabled"),
-            mode: text(&b, "BootSourceOverrideMode"),
-        };
+        let ov = boot_override(&sys.json);
         Ok((sys, ov))
     }
 
@@ -37,15 +53,15 @@ impl RedfishBmc {
             ));
         }
         let (sys, current) = self.boot_override_of().await?;
-        let allowed = texts_at(
-            &sys.json,
-            "/Boot/BootSourceOverrideTarget@Redfish.AllowableValues",
-        );
+        let allowed = boot_targets(&sys.json);
         let rf_target = redfish_target(target, &allowed, d.quirks)?;
         let mode_settable = current.mode.is_some();
         if mode.is_some() && !mode_settable {
             return Err(BmcError::NotSupported(
-                "the BMC exposes no BootSourceOverrideMode, so the boot mode cannot be set".into(),
+                "the BMC exposes no BootSourceOverrideMode (absent or null; the capability probe reports that as \
+                 boot_mode_settable: false), so the boot mode cannot be set: leave the mode out to \
+                 boot in the mode the firmware is in"
+                    .into(),
             ));
         }
         let wanted_mode: Option<String> = match (mode, d.quirks.mode_in_patch) {
@@ -128,4 +144,29 @@ fn redfish_target(target: BootTarget, allowed: &[String], q: &Quirks) -> Result<
                 allowed.join(", ")
             ))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_null_mode_or_boot_reads_as_absent() {
+        let sys = json!({"Boot": {"BootSourceOverrideTarget": "Pxe",
+            "BootSourceOverrideEnabled": "Once", "BootSourceOverrideMode": null,
+            "BootSourceOverrideTarget@Redfish.AllowableValues": null}});
+        let ov = boot_override(&sys);
+        assert_eq!(ov.target.as_deref(), Some("Pxe"));
+        assert_eq!(ov.mode, None);
+        assert!(boot_targets(&sys).is_empty());
+        assert_eq!(
+            boot_override(&json!({"Boot": null})),
+            BootOverride::default()
+        );
+        assert_eq!(
+            boot_override(&json!({"Boot": {"BootSourceOverrideMode": " "}})).mode,
+            None
+        );
+    }
 }

@@ -2,10 +2,9 @@
 //! and how the client authenticates, reset types, boot targets, whether the boot mode can be set,
 //! where its virtual CD is, its ETag behaviour, the TLS verification in use).
 
-use serde_json::Value;
-
-use super::super::odata::{text, texts_at};
+use super::super::odata::{text, text_at};
 use super::super::transport::AuthMode;
+use super::boot;
 use super::RedfishBmc;
 use crate::bmc::BmcError;
 use crate::service::bmc::{Capabilities, EtagSupport};
@@ -16,10 +15,7 @@ impl RedfishBmc {
         let d = self.discover().await?;
         let sys = self.system().await?;
         let reset_types = self.reset_types(&sys.json).await?;
-        let boot_targets = texts_at(
-            &sys.json,
-            "/Boot/BootSourceOverrideTarget@Redfish.AllowableValues",
-        );
+        let boot_targets = boot::boot_targets(&sys.json);
         let virtual_media = match self.cd_slot().await {
             Ok((_, loc)) => Some(loc),
             Err(BmcError::NotSupported(_)) => None,
@@ -31,11 +27,7 @@ impl RedfishBmc {
             model: d.model.clone(),
             quirks: (d.quirks.name != "generic").then(|| d.quirks.name.to_string()),
             redfish_version: text(&d.root, "RedfishVersion"),
-            sessions: d
-                .root
-                .pointer("/Links/Sessions/@odata.id")
-                .and_then(Value::as_str)
-                .is_some()
+            sessions: text_at(&d.root, "/Links/Sessions/@odata.id").is_some()
                 || self.t.sessions_linked(),
             auth: match self.t.auth_mode() {
                 AuthMode::Session => "session".into(),
@@ -44,7 +36,8 @@ impl RedfishBmc {
             },
             reset_types,
             boot_targets,
-            boot_mode_settable: sys.json.pointer("/Boot/BootSourceOverrideMode").is_some(),
+            // The same reading boot-once acts on: absent, null or blank is not settable.
+            boot_mode_settable: boot::boot_override(&sys.json).mode.is_some(),
             virtual_media,
             etag: EtagSupport {
                 offered: etag.is_some(),

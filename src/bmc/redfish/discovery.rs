@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::super::odata::{link, links_at, members, same_link, text};
+use super::super::odata::{link, links_at, members, prop, same_link, text};
 use super::super::quirks::{quirks_for, Quirks};
 use super::super::transport::SERVICE_ROOT;
 use super::RedfishBmc;
@@ -62,9 +62,7 @@ impl RedfishBmc {
         let mgr_maker = manager_doc
             .as_ref()
             .and_then(|d| text(&d.json, "Manufacturer"));
-        let oem_keys: Vec<String> = root
-            .json
-            .get("Oem")
+        let oem_keys: Vec<String> = prop(&root.json, "Oem")
             .and_then(Value::as_object)
             .map(|o| o.keys().cloned().collect())
             .unwrap_or_default();

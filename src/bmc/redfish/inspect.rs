@@ -6,7 +6,9 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::super::odata::{link, links_at, members, same_link, text, texts_at};
+use super::super::odata::{
+    flag, link, links_at, list, members, number, same_link, text, text_at, texts_at,
+};
 use super::discovery::Discovered;
 use super::RedfishBmc;
 use crate::bmc::BmcError;
@@ -38,7 +40,7 @@ impl RedfishBmc {
                 permanent_mac: text(&nic.json, "PermanentMACAddress")
                     .and_then(|s| s.parse::<MacAddr>().ok())
                     .filter(|m| m.0 != [0; 6]),
-                enabled: nic.json.get("InterfaceEnabled").and_then(Value::as_bool),
+                enabled: flag(&nic.json, "InterfaceEnabled"),
                 link_status: text(&nic.json, "LinkStatus"),
                 interface_type: text(&nic.json, "EthernetInterfaceType"),
                 bmc_host_interface: host_ifaces.iter().any(|h| same_link(h, &m)),
@@ -85,27 +87,21 @@ impl RedfishBmc {
         let Some(coll) = link(sys, "Storage") else {
             return Ok(Vec::new());
         };
-        let list = match members(&self.t, &coll).await {
+        let storages = match members(&self.t, &coll).await {
             Ok(l) => l,
             Err(BmcError::Http { status: 404, .. }) => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
         let mut out: Vec<InspectedDrive> = Vec::new();
         let mut seen: Vec<String> = Vec::new();
-        for s in list {
+        for s in storages {
             let storage = self.t.get(&s).await?;
             // A controller that speaks one device protocol names it for drives that do not.
             let mut protos: Vec<String> = Vec::new();
-            if let Some(ctrls) = storage
-                .json
-                .get("StorageControllers")
-                .and_then(Value::as_array)
-            {
-                for c in ctrls {
-                    for p in texts_at(c, "/SupportedDeviceProtocols") {
-                        if !protos.contains(&p) {
-                            protos.push(p);
-                        }
+            for c in list(&storage.json, "StorageControllers") {
+                for p in texts_at(c, "/SupportedDeviceProtocols") {
+                    if !protos.contains(&p) {
+                        protos.push(p);
                     }
                 }
             }
@@ -115,12 +111,8 @@ impl RedfishBmc {
                 None
             };
             let mut drives = links_at(&storage.json, "/Drives");
-            if let Some(next) = storage
-                .json
-                .get("Drives@odata.nextLink")
-                .and_then(Value::as_str)
-            {
-                drives.extend(members(&self.t, next).await?);
+            if let Some(next) = text(&storage.json, "Drives@odata.nextLink") {
+                drives.extend(members(&self.t, &next).await?);
             }
             for dl in drives {
                 if seen.iter().any(|x| same_link(x, &dl)) {
@@ -128,7 +120,7 @@ impl RedfishBmc {
                 }
                 seen.push(dl.clone());
                 let dr = self.t.get(&dl).await?;
-                if dr.json.pointer("/Status/State").and_then(Value::as_str) == Some("Absent") {
+                if text_at(&dr.json, "/Status/State").as_deref() == Some("Absent") {
                     continue;
                 }
                 let media_type = text(&dr.json, "MediaType");
@@ -142,7 +134,7 @@ impl RedfishBmc {
                     model: text(&dr.json, "Model"),
                     serial,
                     manufacturer: text(&dr.json, "Manufacturer"),
-                    capacity_bytes: dr.json.get("CapacityBytes").and_then(Value::as_u64),
+                    capacity_bytes: number(&dr.json, "CapacityBytes"),
                     disk_type: disk_type_of(media_type.as_deref(), protocol.as_deref()),
                     media_type,
                     protocol,
@@ -159,22 +151,16 @@ impl RedfishBmc {
         let mut out = Vec::new();
         for s in members(&self.t, &coll).await? {
             let doc = self.t.get(&s).await?;
-            let devices = doc
-                .json
-                .get("Devices")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            for dev in devices {
-                if dev.pointer("/Status/State").and_then(Value::as_str) == Some("Absent") {
+            for dev in list(&doc.json, "Devices") {
+                if text_at(dev, "/Status/State").as_deref() == Some("Absent") {
                     continue;
                 }
                 out.push(InspectedDrive {
-                    name: text(&dev, "Name"),
-                    model: text(&dev, "Model"),
+                    name: text(dev, "Name"),
+                    model: text(dev, "Model"),
                     serial: None,
-                    manufacturer: text(&dev, "Manufacturer"),
-                    capacity_bytes: dev.get("CapacityBytes").and_then(Value::as_u64),
+                    manufacturer: text(dev, "Manufacturer"),
+                    capacity_bytes: number(dev, "CapacityBytes"),
                     media_type: None,
                     protocol: None,
                     disk_type: None,

@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 
-use super::super::odata::{link, members, same_link, text, texts_at, under};
+use super::super::odata::{action, flag, link, list, members, same_link, text, texts_at, under};
 use super::super::transport::Doc;
 use super::discovery::Discovered;
 use super::RedfishBmc;
@@ -86,11 +86,7 @@ impl RedfishBmc {
         VirtualMediaStatus {
             slot: slot.uri.clone(),
             location,
-            inserted: slot
-                .json
-                .get("Inserted")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            inserted: flag(&slot.json, "Inserted").unwrap_or(false),
             image: text(&slot.json, "Image"),
             connected_via: text(&slot.json, "ConnectedVia"),
             media_types: texts_at(&slot.json, "/MediaTypes"),
@@ -120,15 +116,10 @@ impl RedfishBmc {
         slot: &Doc,
         location: MediaLocation,
     ) -> Result<VirtualMediaStatus, BmcError> {
-        let eject = slot
-            .json
-            .pointer("/Actions")
-            .and_then(|a| a.get("#VirtualMedia.EjectMedia"))
-            .and_then(|a| a.get("target"))
-            .and_then(Value::as_str);
+        let eject = action(&slot.json, "#VirtualMedia.EjectMedia").and_then(|a| text(a, "target"));
         match eject {
             Some(target) => {
-                self.t.post(target, &json!({})).await?;
+                self.t.post(&target, &json!({})).await?;
             }
             None => {
                 self.t
@@ -157,21 +148,15 @@ impl RedfishBmc {
 
     /// Parameters InsertMedia accepts, from its `@Redfish.ActionInfo` (None: not described).
     async fn insert_params(&self, action: &Value) -> Result<Option<Vec<String>>, BmcError> {
-        let Some(info) = action.get("@Redfish.ActionInfo").and_then(Value::as_str) else {
+        let Some(info) = text(action, "@Redfish.ActionInfo") else {
             return Ok(None);
         };
-        let doc = self.t.get(info).await?;
+        let doc = self.t.get(&info).await?;
         Ok(Some(
-            doc.json
-                .get("Parameters")
-                .and_then(Value::as_array)
-                .map(|ps| {
-                    ps.iter()
-                        .filter_map(|p| p.get("Name").and_then(Value::as_str))
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            list(&doc.json, "Parameters")
+                .iter()
+                .filter_map(|p| text(p, "Name"))
+                .collect(),
         ))
     }
 
@@ -189,23 +174,16 @@ impl RedfishBmc {
             self.eject_slot(&slot, location).await?;
             slot = self.t.get(&slot.uri).await?;
         }
-        let action = slot
-            .json
-            .pointer("/Actions")
-            .and_then(|a| a.get("#VirtualMedia.InsertMedia"))
-            .cloned();
-        match action {
-            Some(action) => {
-                let target = action
-                    .get("target")
-                    .and_then(Value::as_str)
-                    .ok_or_else(|| BmcError::Protocol {
-                        path: slot.uri.clone(),
-                        reason: "InsertMedia action without a target".into(),
-                    })?;
-                let params = self.insert_params(&action).await?;
+        let insert = action(&slot.json, "#VirtualMedia.InsertMedia").cloned();
+        match insert {
+            Some(insert) => {
+                let target = text(&insert, "target").ok_or_else(|| BmcError::Protocol {
+                    path: slot.uri.clone(),
+                    reason: "InsertMedia action without a target".into(),
+                })?;
+                let params = self.insert_params(&insert).await?;
                 let allowed = |p: &str| match &params {
-                    Some(list) => list.iter().any(|x| x == p),
+                    Some(names) => names.iter().any(|x| x == p),
                     None => !d.quirks.insert_image_only,
                 };
                 let mut body = serde_json::Map::new();
@@ -222,7 +200,7 @@ impl RedfishBmc {
                         json!(url.scheme().to_ascii_uppercase()),
                     );
                 }
-                self.t.post(target, &Value::Object(body)).await?;
+                self.t.post(&target, &Value::Object(body)).await?;
             }
             None => {
                 self.t

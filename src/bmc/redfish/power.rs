@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use super::super::odata::{text, texts_at};
+use super::super::odata::{action, list, text, texts_at};
 use super::super::transport::Doc;
 use super::RedfishBmc;
 use crate::bmc::BmcError;
@@ -19,25 +19,18 @@ impl RedfishBmc {
     /// Allowed reset types: from `ResetType@Redfish.AllowableValues`, else the action's
     /// `@Redfish.ActionInfo`. Empty when the BMC does not say.
     pub(super) async fn reset_types(&self, sys: &Value) -> Result<Vec<String>, BmcError> {
-        let action = sys.pointer("/Actions").and_then(|a| a.get(RESET_ACTION));
-        let Some(action) = action else {
+        let Some(action) = action(sys, RESET_ACTION) else {
             return Ok(Vec::new());
         };
         let listed = texts_at(action, "/ResetType@Redfish.AllowableValues");
         if !listed.is_empty() {
             return Ok(listed);
         }
-        if let Some(info) = action.get("@Redfish.ActionInfo").and_then(Value::as_str) {
-            let doc = self.t.get(info).await?;
-            let params = doc
-                .json
-                .get("Parameters")
-                .and_then(Value::as_array)
-                .cloned()
-                .unwrap_or_default();
-            for p in params {
-                if p.get("Name").and_then(Value::as_str) == Some("ResetType") {
-                    return Ok(texts_at(&p, "/AllowableValues"));
+        if let Some(info) = text(action, "@Redfish.ActionInfo") {
+            let doc = self.t.get(&info).await?;
+            for p in list(&doc.json, "Parameters") {
+                if text(p, "Name").as_deref() == Some("ResetType") {
+                    return Ok(texts_at(p, "/AllowableValues"));
                 }
             }
         }
@@ -45,11 +38,8 @@ impl RedfishBmc {
     }
 
     async fn reset(&self, sys: &Value, allowed: &[String], kind: &str) -> Result<(), BmcError> {
-        let target = sys
-            .pointer("/Actions")
-            .and_then(|a| a.get(RESET_ACTION))
-            .and_then(|a| a.get("target"))
-            .and_then(Value::as_str)
+        let target = action(sys, RESET_ACTION)
+            .and_then(|a| text(a, "target"))
             .ok_or_else(|| {
                 BmcError::NotSupported("the system has no ComputerSystem.Reset action".into())
             })?;
@@ -60,7 +50,7 @@ impl RedfishBmc {
             )));
         }
         tracing::info!(reset = kind, "BMC reset");
-        self.t.post(target, &json!({ "ResetType": kind })).await?;
+        self.t.post(&target, &json!({ "ResetType": kind })).await?;
         Ok(())
     }
 

@@ -10,6 +10,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
 use super::{Answer, Transport};
+use crate::bmc::odata::text;
 use crate::bmc::BmcError;
 
 impl Answer {
@@ -19,13 +20,7 @@ impl Answer {
             .get(ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string)
-            .or_else(|| {
-                self.body
-                    .as_ref()
-                    .and_then(|b| b.get("@odata.etag"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            })
+            .or_else(|| self.body.as_ref().and_then(|b| text(b, "@odata.etag")))
             .filter(|s| !s.is_empty())
     }
 }

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::session::AuthState;
 use super::{Answer, Doc, Transport};
+use crate::bmc::odata::{list, prop, text};
 use crate::bmc::BmcError;
 
 fn is_idempotent(m: &Method) -> bool {
@@ -23,24 +24,22 @@ fn is_idempotent(m: &Method) -> bool {
 }
 
 /// Redfish error message of an error answer, or the start of a non-JSON body.
-pub(super) fn error_message(body: Option<&Value>, text: &str) -> String {
-    if let Some(err) = body.and_then(|b| b.get("error")) {
+pub(super) fn error_message(body: Option<&Value>, raw: &str) -> String {
+    if let Some(err) = body.and_then(|b| prop(b, "error")) {
         let mut parts = Vec::new();
-        if let Some(m) = err.get("message").and_then(Value::as_str) {
-            parts.push(m.to_string());
+        if let Some(m) = text(err, "message") {
+            parts.push(m);
         }
-        if let Some(infos) = err.get("@Message.ExtendedInfo").and_then(Value::as_array) {
-            for i in infos {
-                let id = i.get("MessageId").and_then(Value::as_str).unwrap_or("");
-                let msg = i.get("Message").and_then(Value::as_str).unwrap_or("");
-                parts.push(format!("{id}: {msg}").trim_matches([':', ' ']).to_string());
-            }
+        for i in list(err, "@Message.ExtendedInfo") {
+            let id = text(i, "MessageId").unwrap_or_default();
+            let msg = text(i, "Message").unwrap_or_default();
+            parts.push(format!("{id}: {msg}").trim_matches([':', ' ']).to_string());
         }
         if !parts.is_empty() {
             return parts.join("; ");
         }
     }
-    let t: String = text.chars().filter(|c| !c.is_control()).take(200).collect();
+    let t: String = raw.chars().filter(|c| !c.is_control()).take(200).collect();
     if t.trim().is_empty() {
         "(empty body)".into()
     } else {
@@ -220,7 +219,7 @@ impl Transport {
     /// Turn a non-2xx answer into an error.
     pub fn check(&self, method: &Method, link: &str, ans: Answer) -> Result<Answer, BmcError> {
         if ans.status.is_success() {
-            if let Some(err) = ans.body.as_ref().and_then(|b| b.get("error")) {
+            if let Some(err) = ans.body.as_ref().and_then(|b| prop(b, "error")) {
                 // Success by status code: HPE iLO, for one, wraps informational messages of a
                 // successful PATCH in an `error` object. Keep them in the log.
                 tracing::info!(%method, path = %self.path_of(link), status = ans.status.as_u16(),

@@ -8,10 +8,10 @@
 use std::sync::atomic::Ordering;
 
 use reqwest::{Method, StatusCode};
-use serde_json::Value;
 
 use super::request::error_message;
 use super::{Transport, SERVICE_ROOT};
+use crate::bmc::odata::{text, text_at};
 use crate::bmc::BmcError;
 
 /// How the client authenticates to the BMC right now.
@@ -115,9 +115,7 @@ impl Transport {
         let sessions = root
             .body
             .as_ref()
-            .and_then(|b| b.pointer("/Links/Sessions/@odata.id"))
-            .and_then(Value::as_str)
-            .map(str::to_string);
+            .and_then(|b| text_at(b, "/Links/Sessions/@odata.id"));
         let Some(sessions) = sessions else {
             tracing::info!("BMC links no session service; using basic auth");
             return Ok(AuthState::Basic);
@@ -156,13 +154,9 @@ impl Transport {
             .get("X-Auth-Token")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let uri = ans.location().or_else(|| {
-            ans.body
-                .as_ref()
-                .and_then(|b| b.get("@odata.id"))
-                .and_then(Value::as_str)
-                .map(str::to_string)
-        });
+        let uri = ans
+            .location()
+            .or_else(|| ans.body.as_ref().and_then(|b| text(b, "@odata.id")));
         match token {
             Some(token) if !token.is_empty() => {
                 if uri.is_none() {

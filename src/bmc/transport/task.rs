@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use super::request::parse_retry_after;
 use super::{Answer, Transport};
+use crate::bmc::odata::{list, text};
 use crate::bmc::BmcError;
 
 impl Transport {
@@ -63,19 +64,12 @@ impl Transport {
                 last_state = ans
                     .body
                     .as_ref()
-                    .and_then(|b| b.get("TaskState"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("running")
-                    .to_string();
+                    .and_then(|b| text(b, "TaskState"))
+                    .unwrap_or_else(|| "running".into());
                 continue;
             }
             let ans = self.check(&Method::GET, monitor, ans)?;
-            let state = ans
-                .body
-                .as_ref()
-                .and_then(|b| b.get("TaskState"))
-                .and_then(Value::as_str)
-                .map(str::to_string);
+            let state = ans.body.as_ref().and_then(|b| text(b, "TaskState"));
             match state.as_deref() {
                 Some(
                     "New" | "Starting" | "Running" | "Pending" | "Suspended" | "Stopping"
@@ -88,11 +82,10 @@ impl Transport {
                     let messages = ans
                         .body
                         .as_ref()
-                        .and_then(|b| b.get("Messages"))
-                        .and_then(Value::as_array)
-                        .map(|ms| {
-                            ms.iter()
-                                .filter_map(|m| m.get("Message").and_then(Value::as_str))
+                        .map(|b| {
+                            list(b, "Messages")
+                                .iter()
+                                .filter_map(|m| text(m, "Message"))
                                 .collect::<Vec<_>>()
                                 .join("; ")
                         })
