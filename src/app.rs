@@ -268,6 +268,11 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     }
     let secrets_for_configs = secrets.clone();
     let inventory = Inventory::new(store.clone(), secrets);
+    // Before the API serves: BMC passwords sealed before they were bound to their BMC's origin.
+    inventory
+        .reseal_bmc_passwords("plinth")
+        .await
+        .context("cannot re-seal stored BMC passwords for their BMC's origin")?;
     let bmc = BmcService::new(
         inventory.clone(),
         store.clone(),

@@ -215,7 +215,8 @@ async fn emulator_power_boot_media_through_api_and_cli() {
         Method::POST,
         "/api/v1/machines",
         Some(json!({"hostname": "emu-1", "bmc": {
-            "url": emu.peer.url(), "username": EMU_USER, "password": EMU_PASSWORD}})),
+            "url": emu.peer.url(), "username": EMU_USER, "password": EMU_PASSWORD,
+            "tls": "insecure-http"}})),
     )
     .await;
     let id = m["id"].as_str().expect("id").to_string();
@@ -471,7 +472,8 @@ async fn register_mockup(
     extra: Value,
 ) -> String {
     let mut body = json!({"hostname": host, "bmc": {
-        "url": peer.url(), "username": "root", "password": MOCK_PASSWORD}});
+        "url": peer.url(), "username": "root", "password": MOCK_PASSWORD,
+        "tls": "insecure-http"}});
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         for (k, v) in e {
             b.insert(k.clone(), v.clone());
@@ -739,7 +741,8 @@ async fn null_boot_mode_capabilities_and_boot_once_agree() {
         Method::POST,
         "/api/v1/machines",
         Some(json!({"hostname": "dgx-1", "bmc": {
-            "url": fake.url(), "username": "root", "password": MOCK_PASSWORD}})),
+            "url": fake.url(), "username": "root", "password": MOCK_PASSWORD,
+            "tls": "insecure-http"}})),
     )
     .await;
     let id = m["id"].as_str().expect("id").to_string();
@@ -823,7 +826,8 @@ async fn unreachable_bmc_is_recorded_not_fatal(b: Backend) {
         Method::POST,
         "/api/v1/machines",
         Some(json!({"hostname": "gone-1", "bmc": {
-            "url": format!("http://127.0.0.1:{port}"), "username": "root", "password": MOCK_PASSWORD}})),
+            "url": format!("http://127.0.0.1:{port}"), "username": "root", "password": MOCK_PASSWORD,
+            "tls": "insecure-http"}})),
     )
     .await["id"]
         .as_str()

@@ -27,7 +27,7 @@ fn client_at(url: String) -> RedfishBmc {
             url,
             username: "root".into(),
             password: Password::new("calvin"),
-            tls: TlsPolicy::Insecure,
+            tls: TlsPolicy::PlainHttp,
         },
         BmcOptions {
             request_timeout: Duration::from_secs(10),

@@ -88,6 +88,17 @@ impl Transport {
                 "credentials belong in the user name and password, not the BMC URL".into(),
             ));
         }
+        if base.scheme() == "http"
+            && !ep.password.expose().is_empty()
+            && ep.tls != TlsPolicy::PlainHttp
+        {
+            // The one place a password leaves for the BMC: never in clear unless said so.
+            return Err(BmcError::Config(format!(
+                "refusing to send the password to the http:// BMC URL `{}` in clear: set bmc.tls \
+                 to `insecure-http` to allow it, or use https://",
+                ep.url
+            )));
+        }
         base.set_path("/");
         base.set_query(None);
         base.set_fragment(None);
@@ -179,7 +190,7 @@ mod tests {
             url: "http://10.0.0.5:8000/redfish/v1".into(),
             username: "u".into(),
             password: Password::new("p"),
-            tls: TlsPolicy::Verify,
+            tls: TlsPolicy::PlainHttp,
         };
         let t = Transport::new(&ep, BmcOptions::default()).expect("transport");
         let u = t
@@ -198,5 +209,37 @@ mod tests {
             BmcOptions::default()
         )
         .is_err());
+    }
+
+    #[test]
+    fn a_password_goes_to_plain_http_only_when_said_so() {
+        let ep = BmcEndpoint {
+            url: "http://10.0.0.5".into(),
+            username: "u".into(),
+            password: Password::new("p"),
+            tls: TlsPolicy::Verify,
+        };
+        for tls in [TlsPolicy::Verify, TlsPolicy::Insecure] {
+            let refused = Transport::new(&BmcEndpoint { tls, ..ep.clone() }, BmcOptions::default());
+            match refused {
+                Err(BmcError::Config(m)) => assert!(m.contains("bmc.tls"), "{m}"),
+                _ => panic!("a password to http:// without insecure-http"),
+            }
+        }
+        let plain = BmcEndpoint {
+            tls: TlsPolicy::PlainHttp,
+            ..ep.clone()
+        };
+        assert!(Transport::new(&plain, BmcOptions::default()).is_ok());
+        let no_password = BmcEndpoint {
+            password: Password::new(""),
+            ..ep.clone()
+        };
+        assert!(Transport::new(&no_password, BmcOptions::default()).is_ok());
+        let https = BmcEndpoint {
+            url: "https://10.0.0.5".into(),
+            ..plain
+        };
+        assert!(Transport::new(&https, BmcOptions::default()).is_err());
     }
 }

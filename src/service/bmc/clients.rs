@@ -50,7 +50,7 @@ impl BmcService {
         let password = self
             .inner
             .inventory
-            .bmc_password(m.id)
+            .bmc_password(m)
             .await?
             .unwrap_or_default();
         let key = client_key(b, &password);
