@@ -12,7 +12,9 @@
 //!
 //! Every resource is found by following links from the service root; no path but `/redfish/v1/` is
 //! ever built by hand. This module may import `domain` (MAC addresses, disk types, TLS modes) and
-//! nothing from `store`, `http` or the front doors. Passwords and session tokens are never logged.
+//! nothing from `store`, `http` or the front doors. Passwords and session tokens are never logged,
+//! never sent to another origin than the configured one (links resolve on it, redirects are not
+//! followed), and never sent to an `http://` BMC unless its TLS mode is `insecure-http`.
 
 mod odata;
 mod quirks;
