@@ -341,6 +341,14 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     }
     let secrets_for_configs = secrets.clone();
     let inventory = inventory(&stores, secrets);
+    // Before the API serves: BMC passwords sealed before they were bound to their BMC's origin.
+    // A store fault here does not keep the server down (a store fault is a 5xx or a 503, and the
+    // database answered `open_store` a moment ago): a password not re-sealed stays refused, never
+    // used the old way, and the next start re-seals it.
+    if let Err(e) = inventory.reseal_bmc_passwords("plinth").await {
+        tracing::error!(error = %e, "cannot re-seal stored BMC passwords for their BMC's origin; \
+            those not re-sealed stay unusable until the next start");
+    }
     let bmc = bmc_service(
         &inventory,
         &stores,

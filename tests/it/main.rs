@@ -10,6 +10,7 @@ mod bmc_api;
 mod bmc_emulator;
 mod bmc_faults;
 mod bmc_mockups;
+mod bmc_secrets;
 mod boot;
 mod cli;
 mod dhcp;
