@@ -16,6 +16,76 @@ pub const DEFAULT_DATA_DIR: &str = "./plinth-data";
 pub const DEFAULT_HTTP: &str = "0.0.0.0:8080";
 /// Environment variable that holds the secret key (takes precedence over `secrets.key_file`).
 pub const SECRET_KEY_ENV: &str = "PLINTH_SECRET_KEY";
+/// Environment variable naming the settings file when `--config` does not.
+pub const CONFIG_ENV: &str = "PLINTH_CONFIG";
+/// Environment variable standing for `--database-url`.
+pub const DATABASE_URL_ENV: &str = "PLINTH_DATABASE_URL";
+/// The system-wide settings file, read when neither `--config` nor `PLINTH_CONFIG` names one and
+/// it exists.
+pub const SYSTEM_CONFIG: &str = "/etc/plinth/plinth.toml";
+
+/// The value of an environment variable; unset, empty and non-UTF-8 values all count as unset
+/// (a container image's `ENV PLINTH_CONFIG=""` means "no file", not "a file named ''").
+pub fn env_value(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Where the settings come from: the first of `--config`, `PLINTH_CONFIG`, and the system file
+/// `/etc/plinth/plinth.toml` when it exists; else none, and the embedded defaults apply (the
+/// data directory `./plinth-data`). Every command that reads the settings finds them this way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingsFile {
+    /// `--config FILE`.
+    Flag(PathBuf),
+    /// `PLINTH_CONFIG=FILE`.
+    Env(PathBuf),
+    /// The system file, which exists.
+    System(PathBuf),
+    /// No file: the embedded defaults.
+    Defaults,
+}
+
+impl SettingsFile {
+    /// Locate the settings from `--config`, the environment and the system file.
+    pub fn locate(flag: Option<&Path>) -> SettingsFile {
+        Self::locate_with(flag, env_value(CONFIG_ENV), Path::new(SYSTEM_CONFIG))
+    }
+
+    /// `locate` with the environment's value and the system file given.
+    pub fn locate_with(flag: Option<&Path>, env: Option<String>, system: &Path) -> SettingsFile {
+        if let Some(f) = flag.filter(|f| !f.as_os_str().is_empty()) {
+            SettingsFile::Flag(f.to_path_buf())
+        } else if let Some(e) = env {
+            SettingsFile::Env(PathBuf::from(e))
+        } else if system.exists() {
+            SettingsFile::System(system.to_path_buf())
+        } else {
+            SettingsFile::Defaults
+        }
+    }
+
+    /// The file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            SettingsFile::Flag(p) | SettingsFile::Env(p) | SettingsFile::System(p) => Some(p),
+            SettingsFile::Defaults => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SettingsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettingsFile::Flag(p) => write!(f, "--config {}", p.display()),
+            SettingsFile::Env(p) => write!(f, "{CONFIG_ENV}={}", p.display()),
+            SettingsFile::System(p) => write!(f, "{} (the system default)", p.display()),
+            SettingsFile::Defaults => write!(
+                f,
+                "the embedded defaults (no --config, {CONFIG_ENV} or {SYSTEM_CONFIG})"
+            ),
+        }
+    }
+}
 
 /// A refused setting: a bad key or value of the TOML settings file, an override flag, or the
 /// environment.
@@ -284,8 +354,9 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Largest request body.
     pub max_body_bytes: usize,
-    /// Secret key source.
-    pub secret_key: SecretKeySource,
+    /// Secret key source; `None` with a PostgreSQL database and no key configured, which only
+    /// commands that need no key accept (`migrate`, `token`): see `require_secret_key`.
+    pub secret_key: Option<SecretKeySource>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -566,21 +637,14 @@ impl RawConfig {
                 "must be between 1024 and 1073741824 (1 GiB)",
             ));
         }
-        let secret_key = if std::env::var_os(SECRET_KEY_ENV).is_some() {
-            SecretKeySource::Env
+        let secret_key = if env_value(SECRET_KEY_ENV).is_some() {
+            Some(SecretKeySource::Env)
         } else if let Some(f) = self.secrets.key_file {
-            SecretKeySource::File(f)
+            Some(SecretKeySource::File(f))
         } else if dialect == Dialect::Postgres {
-            return Err(SettingsError::new(
-                "secrets.key_file",
-                format!(
-                    "required with a PostgreSQL database so that every instance shares one key: \
-                     create one with `plinth secret-key > /etc/plinth/secret.key` and set secrets.key_file \
-                     (or set {SECRET_KEY_ENV})"
-                ),
-            ));
+            None
         } else {
-            SecretKeySource::DataDir(data_dir.join("secret.key"))
+            Some(SecretKeySource::DataDir(data_dir.join("secret.key")))
         };
         let log_format = match self.log.format.as_deref() {
             None | Some("text") => LogFormat::Text,
@@ -792,6 +856,21 @@ pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, SettingsError> {
 }
 
 impl Config {
+    /// Where the secret key comes from, or the refusal for a PostgreSQL database without one
+    /// (every instance must share one key). The server asks before it opens anything.
+    pub fn require_secret_key(&self) -> Result<&SecretKeySource, SettingsError> {
+        self.secret_key.as_ref().ok_or_else(|| {
+            SettingsError::new(
+                "secrets.key_file",
+                format!(
+                    "required with a PostgreSQL database so that every instance shares one key: \
+                     create one with `plinth secret-key > /etc/plinth/secret.key` and set secrets.key_file \
+                     (or set {SECRET_KEY_ENV})"
+                ),
+            )
+        })
+    }
+
     /// Load from an optional file plus overrides.
     pub fn load(file: Option<&Path>, o: &Overrides) -> Result<Config, SettingsError> {
         let raw = match file {
@@ -922,13 +1001,45 @@ mod tests {
         if std::env::var_os(SECRET_KEY_ENV).is_some() {
             return; // the environment supplies the key; the rule does not apply
         }
-        let e = RawConfig::default()
+        let c = RawConfig::default()
             .validate(&Overrides {
                 database_url: Some("postgres://u@h/db".into()),
                 ..Default::default()
             })
-            .expect_err("needs key");
+            .expect("valid for commands that need no key (migrate, token)");
+        let e = c.require_secret_key().expect_err("needs key");
         assert_eq!(e.key, "secrets.key_file");
+    }
+
+    #[test]
+    fn settings_file_is_flag_then_environment_then_system_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let system = dir.path().join("plinth.toml");
+        let flag = Path::new("/srv/a.toml");
+        let env = || Some("/srv/b.toml".to_string());
+        assert_eq!(
+            SettingsFile::locate_with(Some(flag), env(), &system),
+            SettingsFile::Flag(flag.into())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(None, env(), &system),
+            SettingsFile::Env("/srv/b.toml".into())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(None, None, &system),
+            SettingsFile::Defaults,
+            "a system file that does not exist is not used"
+        );
+        std::fs::write(&system, "").expect("write");
+        assert_eq!(
+            SettingsFile::locate_with(None, None, &system),
+            SettingsFile::System(system.clone())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(Some(Path::new("")), None, &system),
+            SettingsFile::System(system),
+            "an empty --config counts as not given"
+        );
     }
 
     #[test]

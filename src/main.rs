@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use plinth::cli::{Cli, Command};
-use plinth::config::{Config, LogFormat};
+use plinth::config::LogFormat;
 
-fn telemetry(config: &Config) {
+fn telemetry(config: &plinth::config::Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&config.log_level));
     use std::io::IsTerminal;
@@ -24,19 +24,23 @@ fn telemetry(config: &Config) {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     let settings = cli.settings()?;
-    if let (Command::Serve { .. }, Some(config)) = (&cli.command, &settings) {
-        telemetry(config);
+    if let (Command::Serve { .. }, Some(s)) = (&cli.command, &settings) {
+        telemetry(&s.config);
     }
     plinth::cli::run(cli.command, settings.as_ref()).await
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return ExitCode::from(plinth::cli::report_usage(&e).clamp(0, 255) as u8),
+    };
+    let json_out = cli.command.json();
     match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("plinth: {e:#}");
+            plinth::cli::report_error(json_out, &e);
             ExitCode::FAILURE
         }
     }

@@ -2,35 +2,94 @@
 //! every command group that talks to a running server, and `ApiClient`, which sends a request and
 //! turns an error answer into an error that names its fields, rows and conflicts.
 //!
-//! Imports `cli::output` and `domain` only; it never reaches the store, a service or a BMC.
+//! Imports `config::env_value` and `domain` only; it never reaches the store, a service or a BMC.
 
 use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::Value;
 
-/// How to reach the API, shared by every command group that talks to a running server.
+use crate::config::env_value;
+
+/// Environment variable standing for `--server`.
+pub const SERVER_ENV: &str = "PLINTH_SERVER";
+/// Environment variable standing for `--token`.
+pub const TOKEN_ENV: &str = "PLINTH_TOKEN";
+/// The server when neither `--server` nor `PLINTH_SERVER` names one.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+
+/// How to reach the API, shared by every command group that talks to a running server. The
+/// environment variables are read here rather than by clap so that an empty one counts as unset.
 #[derive(Debug, Args)]
 pub struct ApiArgs {
-    /// Server URL.
-    #[arg(
-        long,
-        global = true,
-        env = "PLINTH_SERVER",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub server: String,
-    /// API token.
-    #[arg(long, global = true, env = "PLINTH_TOKEN", hide_env_values = true)]
+    /// Server: a URL, or HOST:PORT for http://HOST:PORT [env: PLINTH_SERVER] [default:
+    /// http://127.0.0.1:8080].
+    #[arg(long, global = true, value_name = "URL")]
+    pub server: Option<String>,
+    /// API token [env: PLINTH_TOKEN].
+    #[arg(long, global = true)]
     pub token: Option<String>,
-    /// Print JSON instead of tables.
+    /// Print JSON instead of tables; errors too, as {"error": {...}} on stderr.
     #[arg(long, global = true)]
     pub json: bool,
 }
 
 impl ApiArgs {
+    /// The server: `--server`, else `PLINTH_SERVER`, else the default.
+    pub fn server(&self) -> String {
+        self.server
+            .clone()
+            .filter(|s| !s.is_empty())
+            .or_else(|| env_value(SERVER_ENV))
+            .unwrap_or_else(|| DEFAULT_SERVER.to_string())
+    }
+
+    /// The token: `--token`, else `PLINTH_TOKEN`.
+    pub fn token(&self) -> Option<String> {
+        self.token
+            .clone()
+            .filter(|t| !t.is_empty())
+            .or_else(|| env_value(TOKEN_ENV))
+    }
+
     /// A client for these arguments.
     pub fn client(&self) -> anyhow::Result<ApiClient> {
-        ApiClient::new(&self.server, self.token.clone())
+        ApiClient::new(&self.server(), self.token())
+    }
+}
+
+/// An error answer of the API: its status and body (`{"error": {...}}`), shown as text naming
+/// its fields, rows and conflicts, or passed on as it is under `--json`.
+#[derive(Debug)]
+pub struct ApiFailure {
+    /// HTTP status.
+    pub status: u16,
+    /// The answer's body.
+    pub body: Value,
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&describe_error(self.status, &self.body))
+    }
+}
+
+impl std::error::Error for ApiFailure {}
+
+/// The base URL of a `--server` value: `HOST:PORT` means `http://HOST:PORT`.
+pub fn server_url(server: &str) -> anyhow::Result<String> {
+    let server = server.trim();
+    let url = if server.contains("://") {
+        server.to_string()
+    } else {
+        format!("http://{server}")
+    };
+    match reqwest::Url::parse(&url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host().is_some() => {
+            Ok(url.trim_end_matches('/').to_string())
+        }
+        _ => bail!(
+            "--server `{server}` is not a server address: give http://HOST:PORT, https://HOST or HOST:PORT"
+        ),
     }
 }
 
@@ -49,7 +108,7 @@ impl ApiClient {
             .build()
             .context("HTTP client")?;
         Ok(Self {
-            base: server.trim_end_matches('/').to_string(),
+            base: server_url(server)?,
             token,
             http,
         })
@@ -86,14 +145,20 @@ impl ApiClient {
         if status.is_success() {
             return Ok((headers, body));
         }
-        bail!("{}", describe_error(status.as_u16(), &body))
+        Err(ApiFailure {
+            status: status.as_u16(),
+            body,
+        }
+        .into())
     }
 
-    /// A machine named any way the CLI accepts (id, host name, MAC, serial, asset tag, SMBIOS
-    /// UUID) and its version.
+    /// A machine named any way the CLI accepts (id, host name, MAC, IPv4, serial, asset tag,
+    /// SMBIOS UUID) and its version.
     pub(crate) async fn get_machine(&self, reference: &str) -> anyhow::Result<(i64, Value)> {
         let path = if let Ok(mac) = reference.parse::<crate::domain::MacAddr>() {
             format!("/machines/lookup?mac={mac}")
+        } else if let Ok(ip) = reference.parse::<std::net::Ipv4Addr>() {
+            format!("/machines/lookup?ipv4={ip}")
         } else {
             format!("/machines/{}", urlencode(reference))
         };
@@ -181,4 +246,24 @@ pub fn describe_error(status: u16, body: &Value) -> String {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_urls() {
+        for (given, want) in [
+            ("127.0.0.1:8080", Some("http://127.0.0.1:8080")),
+            ("plinth.example:8080/", Some("http://plinth.example:8080")),
+            ("https://plinth.example/", Some("https://plinth.example")),
+            ("http://[::1]:8080", Some("http://[::1]:8080")),
+            ("http://", None),
+            ("ftp://x", None),
+            ("", None),
+        ] {
+            assert_eq!(server_url(given).ok().as_deref(), want, "{given}");
+        }
+    }
 }

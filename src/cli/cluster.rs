@@ -6,7 +6,21 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::output::{say, JsonArg};
+
+/// `plinth cluster ...`: output and the command.
+#[derive(Debug, Args)]
+pub struct ClusterArgs {
+    /// Output.
+    #[command(flatten)]
+    pub out: JsonArg,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ClusterCommand,
+}
 
 /// `plinth cluster ...`.
 #[derive(Debug, Subcommand)]
@@ -19,15 +33,16 @@ pub enum ClusterCommand {
         /// Control-plane endpoint, e.g. https://10.0.0.10:6443.
         #[arg(long)]
         endpoint: String,
-        /// Where to write the bundle (refuses to overwrite).
+        /// Where to write the bundle (refuses to overwrite; missing parent directories are created,
+        /// mode 0700).
         #[arg(long)]
         out: PathBuf,
     },
 }
 
 /// Run `plinth cluster ...`.
-pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
-    match cmd {
+pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
+    match args.command {
         ClusterCommand::Init {
             name,
             endpoint,
@@ -50,13 +65,38 @@ pub fn run(cmd: ClusterCommand) -> anyhow::Result<()> {
                 use std::os::unix::fs::OpenOptionsExt;
                 opts.mode(0o600);
             }
-            let mut f = opts.open(&out).with_context(|| {
-                format!("cannot create {} (it must not exist yet)", out.display())
+            if let Some(parent) = out.parent().filter(|p| !p.as_os_str().is_empty()) {
+                if !parent.exists() {
+                    let mut dirs = std::fs::DirBuilder::new();
+                    dirs.recursive(true);
+                    #[cfg(unix)]
+                    {
+                        use std::os::unix::fs::DirBuilderExt;
+                        dirs.mode(0o700);
+                    }
+                    dirs.create(parent).with_context(|| {
+                        format!("cannot create the directory {}", parent.display())
+                    })?;
+                }
+            }
+            let mut f = opts.open(&out).map_err(|e| {
+                if e.kind() == std::io::ErrorKind::AlreadyExists {
+                    anyhow::anyhow!(
+                        "{} exists already: a secrets bundle is never overwritten; choose another --out or remove it first",
+                        out.display()
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("cannot create {}", out.display()))
+                }
             })?;
             use std::io::Write as _;
             f.write_all(yaml.as_bytes())?;
             f.sync_all()?;
-            eprintln!("secrets bundle for cluster {name} ({endpoint}) written to {} (mode 0600); keep it out of Git", out.display());
+            if args.out.json {
+                say(json!({"cluster": name, "endpoint": endpoint, "path": out, "mode": "0600"}));
+            } else {
+                eprintln!("secrets bundle for cluster {name} ({endpoint}) written to {} (mode 0600); keep it out of Git", out.display());
+            }
         }
     }
     Ok(())

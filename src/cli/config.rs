@@ -8,12 +8,24 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+use serde_json::json;
 
-use super::database;
-use super::output::{say, say_raw};
-use crate::config::Config;
+use super::database::{self, Access, Settings};
+use super::output::{say, say_raw, JsonArg};
+use super::SettingsArgs;
 use crate::service::config::config_diff;
+
+/// `plinth config ...`: output and the command.
+#[derive(Debug, Args)]
+pub struct ConfigArgs {
+    /// Output.
+    #[command(flatten)]
+    pub out: JsonArg,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ConfigCommand,
+}
 
 /// `plinth config ...`.
 #[derive(Debug, Subcommand)]
@@ -76,33 +88,42 @@ pub enum ConfigCommand {
     Render {
         /// The machine (id, host name, MAC, serial, asset tag or SMBIOS UUID).
         machine: String,
+        /// Settings and database.
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
     /// Compare a machine's config now with the one it was last served (secrets redacted).
     Diff {
         /// The machine.
         machine: String,
+        /// Settings and database.
+        #[command(flatten)]
+        settings: SettingsArgs,
     },
 }
 
 impl ConfigCommand {
-    /// Whether the command reads the database (and so the settings).
-    pub fn uses_database(&self) -> bool {
-        matches!(
-            self,
-            ConfigCommand::Render { .. } | ConfigCommand::Diff { .. }
-        )
+    /// The settings flags of the commands that read the database (and so the settings).
+    pub fn settings(&self) -> Option<&SettingsArgs> {
+        match self {
+            ConfigCommand::Render { settings, .. } | ConfigCommand::Diff { settings, .. } => {
+                Some(settings)
+            }
+            _ => None,
+        }
     }
 }
 
 /// Run `plinth config ...`; `settings` is given for the commands that use the database.
-pub async fn run(settings: Option<&Config>, cmd: ConfigCommand) -> anyhow::Result<()> {
+pub async fn run(settings: Option<&Settings>, args: ConfigArgs) -> anyhow::Result<()> {
     use crate::talos::{patch, validate, MachineConfig, TalosVersion};
-    match cmd {
-        ConfigCommand::Render { machine } => {
-            render(super::required(settings)?, &machine).await?;
+    let json_out = args.out.json;
+    match args.command {
+        ConfigCommand::Render { machine, .. } => {
+            render(super::required(settings)?, &machine, json_out).await?;
         }
-        ConfigCommand::Diff { machine } => {
-            diff(super::required(settings)?, &machine).await?;
+        ConfigCommand::Diff { machine, .. } => {
+            diff(super::required(settings)?, &machine, json_out).await?;
         }
         ConfigCommand::Patch {
             file,
@@ -123,8 +144,14 @@ pub async fn run(settings: Option<&Config>, cmd: ConfigCommand) -> anyhow::Resul
             }
             let out = patch::apply(&cfg, &loaded)?.to_yaml()?;
             match output {
-                Some(o) => std::fs::write(&o, out)
-                    .with_context(|| format!("cannot write {}", o.display()))?,
+                Some(o) => {
+                    std::fs::write(&o, out)
+                        .with_context(|| format!("cannot write {}", o.display()))?;
+                    if json_out {
+                        say(json!({ "written": o }));
+                    }
+                }
+                None if json_out => say(json!({ "yaml": out })),
                 None => say(out.trim_end()),
             }
         }
@@ -140,6 +167,13 @@ pub async fn run(settings: Option<&Config>, cmd: ConfigCommand) -> anyhow::Resul
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--version: {e}"))?;
             match validate::validate_with_schema_file(&cfg, &schema, version) {
+                Ok(warnings) if json_out => {
+                    say(json!({
+                        "file": file, "version": version.to_string(), "valid": true,
+                        "warnings": warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                        "errors": [],
+                    }));
+                }
                 Ok(warnings) => {
                     for w in &warnings {
                         eprintln!("warning: {w}");
@@ -151,11 +185,19 @@ pub async fn run(settings: Option<&Config>, cmd: ConfigCommand) -> anyhow::Resul
                     ));
                 }
                 Err(validate::ValidateError::Invalid(report)) => {
-                    for w in &report.warnings {
-                        eprintln!("warning: {w}");
-                    }
-                    for e in &report.errors {
-                        eprintln!("error: {e}");
+                    if json_out {
+                        say(json!({
+                            "file": file, "version": version.to_string(), "valid": false,
+                            "warnings": report.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                            "errors": report.errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+                        }));
+                    } else {
+                        for w in &report.warnings {
+                            eprintln!("warning: {w}");
+                        }
+                        for e in &report.errors {
+                            eprintln!("error: {e}");
+                        }
                     }
                     bail!(
                         "{}: {} error(s); this config would not be served",
@@ -197,21 +239,38 @@ pub async fn run(settings: Option<&Config>, cmd: ConfigCommand) -> anyhow::Resul
                 install_disk,
                 ..GenerateOptions::new(name, endpoint, version)
             };
-            say(generate(&bundle, role, &opts)?.to_yaml()?.trim_end());
+            let yaml = generate(&bundle, role, &opts)?.to_yaml()?;
+            if json_out {
+                say(json!({ "yaml": yaml }));
+            } else {
+                say(yaml.trim_end());
+            }
         }
     }
     Ok(())
 }
 
 /// `plinth config render MACHINE`: the config Plinth would serve now, on stdout; warnings on
-/// stderr.
-async fn render(config: &Config, machine: &str) -> anyhow::Result<()> {
-    let (configs, inventory) = database::services(config).await?;
+/// stderr (all in one object with `--json`).
+async fn render(settings: &Settings, machine: &str, json_out: bool) -> anyhow::Result<()> {
+    let (configs, inventory) =
+        database::services(settings, Access::Read, "config render", json_out).await?;
     let m = crate::service::apply::resolve(&inventory, machine).await?;
     let r = configs
         .render_machine(&m)
         .await
         .with_context(|| format!("machine {machine}"))?;
+    if json_out {
+        say(json!({
+            "machine": m.hostname.clone().unwrap_or_else(|| m.id.to_string()),
+            "id": m.id.to_string(),
+            "sha256": r.sha256,
+            "install_disk": r.install_disk,
+            "warnings": r.warnings.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "yaml": r.yaml,
+        }));
+        return Ok(());
+    }
     for w in &r.warnings {
         eprintln!("warning: {w}");
     }
@@ -225,8 +284,9 @@ async fn render(config: &Config, machine: &str) -> anyhow::Result<()> {
 
 /// `plinth config diff MACHINE`: what changed since the config was last served (secrets
 /// redacted). Exit status 0 either way; "no difference" is said on stderr.
-async fn diff(config: &Config, machine: &str) -> anyhow::Result<()> {
-    let (configs, inventory) = database::services(config).await?;
+async fn diff(settings: &Settings, machine: &str, json_out: bool) -> anyhow::Result<()> {
+    let (configs, inventory) =
+        database::services(settings, Access::Read, "config diff", json_out).await?;
     let m = crate::service::apply::resolve(&inventory, machine).await?;
     let now = configs
         .render_machine(&m)
@@ -234,15 +294,25 @@ async fn diff(config: &Config, machine: &str) -> anyhow::Result<()> {
         .with_context(|| format!("machine {machine}"))?;
     let served = configs.last_served(m.id).await?;
     let label = m.hostname.clone().unwrap_or_else(|| m.id.to_string());
-    match &served {
-        None => eprintln!("{label}: no config has been served yet; showing the whole config"),
-        Some((_, at)) => eprintln!("{label}: comparing with the config served at {at}"),
-    }
     let d = config_diff(
         served.as_ref().map(|(y, _)| y.as_str()),
         Some(&now.yaml),
         &label,
     );
+    if json_out {
+        say(json!({
+            "machine": label,
+            "id": m.id.to_string(),
+            "served_at": served.as_ref().map(|(_, at)| at),
+            "changed": !d.is_empty(),
+            "diff": d,
+        }));
+        return Ok(());
+    }
+    match &served {
+        None => eprintln!("{label}: no config has been served yet; showing the whole config"),
+        Some((_, at)) => eprintln!("{label}: comparing with the config served at {at}"),
+    }
     if d.is_empty() {
         eprintln!("{label}: no difference");
     } else {

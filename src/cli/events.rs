@@ -100,3 +100,14 @@ pub(crate) async fn print_stream(
     }
     Ok(())
 }
+
+/// One step of a machine's timeline as a line: when, kind, who, and its detail.
+pub(crate) fn timeline_line(e: &Value) -> String {
+    format!(
+        "{} {:<24} {:<8} {}",
+        s(&e["at"]),
+        s(&e["kind"]),
+        s(&e["actor"]),
+        e["detail"]
+    )
+}

@@ -6,11 +6,28 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+use serde_json::json;
 
-use super::output::{say, table};
+use super::database::{self, Access, Settings};
+use super::output::{say, table, JsonArg};
+use super::SettingsArgs;
 use crate::domain::dhcp::Arch;
 use crate::images::{initramfs_name, kernel_name, ImageCache};
+
+/// `plinth image ...`: where the data directory is, output, and the command.
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// Settings and data directory.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// Output.
+    #[command(flatten)]
+    pub out: JsonArg,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ImageCommand,
+}
 
 /// `plinth image ...`.
 #[derive(Debug, Subcommand)]
@@ -50,11 +67,7 @@ pub enum ImageCommand {
         factory: Option<String>,
     },
     /// List cached images.
-    List {
-        /// JSON output.
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Remove a cached version.
     Rm {
         /// Talos version.
@@ -67,16 +80,26 @@ pub enum ImageCommand {
 }
 
 /// Run `plinth image ...` against the cache in the configured data directory.
-pub async fn run(config: &crate::config::Config, cmd: ImageCommand) -> anyhow::Result<()> {
-    let cache = ImageCache::new(config.data_dir.join("images"));
-    match cmd {
+pub async fn run(settings: &Settings, args: ImageArgs) -> anyhow::Result<()> {
+    let json_out = args.out.json;
+    let (access, name) = match &args.command {
+        ImageCommand::Import { .. } => (Access::Write, "image import"),
+        ImageCommand::Pull { .. } => (Access::Write, "image pull"),
+        ImageCommand::List => (Access::Read, "image list"),
+        ImageCommand::Rm { .. } => (Access::Write, "image rm"),
+    };
+    let cache = database::image_cache(settings, access, name, json_out)?;
+    let config = &settings.config;
+    match args.command {
         ImageCommand::Import {
             version,
             arch,
             schematic,
             kernel,
             initramfs,
-        } => import(&cache, &version, &arch, &schematic, &kernel, &initramfs),
+        } => import(
+            &cache, &version, &arch, &schematic, &kernel, &initramfs, json_out,
+        ),
         ImageCommand::Pull {
             version,
             arch,
@@ -86,15 +109,19 @@ pub async fn run(config: &crate::config::Config, cmd: ImageCommand) -> anyhow::R
             let factory = factory
                 .or(config.image_factory.clone())
                 .unwrap_or_else(|| "https://factory.talos.dev".into());
-            pull(&cache, &factory, &version, &arch, &schematic).await
+            pull(&cache, &factory, &version, &arch, &schematic, json_out).await
         }
-        ImageCommand::List { json } => list(&cache, json),
+        ImageCommand::List => list(&cache, json_out),
         ImageCommand::Rm { version, schematic } => {
             let n = cache.remove(&schematic, &version)?;
             if n == 0 {
                 bail!("no cached files for {schematic}/{version}");
             }
-            say(format!("removed {n} file(s) of {schematic}/{version}"));
+            if json_out {
+                say(json!({"removed": n, "schematic": schematic, "version": version}));
+            } else {
+                say(format!("removed {n} file(s) of {schematic}/{version}"));
+            }
             Ok(())
         }
     }
@@ -115,6 +142,7 @@ async fn pull(
     version: &str,
     arch: &str,
     schematic: &str,
+    json_out: bool,
 ) -> anyhow::Result<()> {
     let arch = arch_of(arch)?;
     let puller = crate::images::ImagePuller::new(cache.clone(), factory)?;
@@ -146,6 +174,18 @@ async fn pull(
     for bar in bars.lock().unwrap_or_else(|p| p.into_inner()).values() {
         bar.finish();
     }
+    if json_out {
+        let files: Vec<_> = files
+            .into_iter()
+            .map(|(f, downloaded)| {
+                let mut v = serde_json::to_value(&f).unwrap_or_default();
+                v["downloaded"] = json!(downloaded);
+                v
+            })
+            .collect();
+        say(serde_json::to_string_pretty(&files)?);
+        return Ok(());
+    }
     for (f, downloaded) in files {
         say(format!(
             "{} {}/{}/{} ({} bytes, sha256 {})",
@@ -168,17 +208,25 @@ fn import(
     schematic: &str,
     kernel: &Path,
     initramfs: &Path,
+    json_out: bool,
 ) -> anyhow::Result<()> {
     let arch = arch_of(arch)?;
+    let mut imported = Vec::new();
     for (name, src) in [
         (kernel_name(arch), kernel),
         (initramfs_name(arch), initramfs),
     ] {
         let f = cache.import(schematic, version, &name, src)?;
-        say(format!(
-            "imported {}/{}/{} ({} bytes, sha256 {})",
-            f.schematic, f.version, f.name, f.size, f.sha256
-        ));
+        if !json_out {
+            say(format!(
+                "imported {}/{}/{} ({} bytes, sha256 {})",
+                f.schematic, f.version, f.name, f.size, f.sha256
+            ));
+        }
+        imported.push(f);
+    }
+    if json_out {
+        say(serde_json::to_string_pretty(&imported)?);
     }
     Ok(())
 }

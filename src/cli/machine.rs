@@ -13,7 +13,9 @@ use serde_json::{json, Map, Value};
 
 use super::api::{urlencode, ApiArgs, ApiClient};
 use super::events;
-use super::output::{emit, s, say, table};
+
+mod status;
+use super::output::{columns_that_fit, emit, s, say, table, wide_table};
 
 /// `plinth machine ...`: connection to the API and the command.
 #[derive(Debug, Args)]
@@ -57,8 +59,11 @@ pub enum MachineCommand {
         /// Fetch every page.
         #[arg(long)]
         all: bool,
+        /// Every column (id, site, serial, asset tag, SMBIOS UUID too), at its natural width.
+        #[arg(long)]
+        wide: bool,
     },
-    /// Show one machine (id, host name, MAC, serial, asset tag or SMBIOS UUID).
+    /// Show one machine (id, host name, MAC, IPv4, serial, asset tag or SMBIOS UUID).
     Show {
         /// The machine.
         machine: String,
@@ -109,7 +114,8 @@ pub enum MachineCommand {
         #[arg(long)]
         follow: bool,
     },
-    /// The events of a machine (or all with `--all`), optionally following new ones live.
+    /// The events of one machine, or of every machine when none is named; `--follow` keeps
+    /// printing new ones live.
     Events {
         /// The machine.
         machine: Option<String>,
@@ -134,6 +140,18 @@ pub enum MachineCommand {
         /// Why (required for failed).
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// The boot timeline of a machine: every DHCP, TFTP and HTTP step and config fetch seen for
+    /// it, with the state changes and reinstall stages between them, oldest first.
+    Timeline {
+        /// The machine.
+        machine: String,
+    },
+    /// Where a machine stands: its state and why, its reinstall stage and deadline, its last DHCP
+    /// exchange and boot step, and its provisioning window.
+    Status {
+        /// The machine.
+        machine: String,
     },
     /// Remove a machine.
     Rm {
@@ -305,7 +323,7 @@ fn machine_spec(a: &AddArgs) -> anyhow::Result<Value> {
         let mut b = json!({"url": url, "username": a.bmc_user.clone().unwrap_or_default()});
         let pw = match (
             &a.bmc_password_file,
-            std::env::var("PLINTH_BMC_PASSWORD").ok(),
+            crate::config::env_value("PLINTH_BMC_PASSWORD"),
         ) {
             (Some(f), _) => Some(
                 std::fs::read_to_string(f)
@@ -340,30 +358,59 @@ fn boot_nic(m: &Value) -> (String, String) {
     (s(&nic["mac"]), s(&nic["ipv4"]))
 }
 
-fn print_list(items: &[Value]) {
-    let mut t = table();
-    t.set_header([
-        "ID", "HOSTNAME", "STATE", "ROLE", "CLUSTER", "RACK/U", "BOOT MAC", "IPV4", "SERIAL",
-    ]);
-    for m in items {
-        let (mac, ip) = boot_nic(m);
-        let rack = match (s(&m["rack"]), s(&m["rack_unit"])) {
+/// The columns of `machine list`: header, priority without `--wide` (`None`: only with
+/// `--wide`; when the table is too wide for the terminal, the largest numbers go first), value.
+type Column = (&'static str, Option<u8>, fn(&Value) -> String);
+
+const LIST_COLUMNS: &[Column] = &[
+    ("HOSTNAME", Some(0), |m| s(&m["hostname"])),
+    ("STATE", Some(1), |m| s(&m["state"])),
+    ("ROLE", Some(4), |m| s(&m["role"])),
+    ("CLUSTER", Some(5), |m| s(&m["cluster"])),
+    ("SITE", None, |m| s(&m["site"])),
+    ("RACK/U", Some(6), |m| {
+        match (s(&m["rack"]), s(&m["rack_unit"])) {
             (r, u) if u.is_empty() => r,
             (r, u) => format!("{r}/{u}"),
-        };
-        t.add_row([
-            s(&m["id"]),
-            s(&m["hostname"]),
-            s(&m["state"]),
-            s(&m["role"]),
-            s(&m["cluster"]),
-            rack,
-            mac,
-            ip,
-            s(&m["serial"]),
-        ]);
+        }
+    }),
+    ("BOOT MAC", Some(2), |m| boot_nic(m).0),
+    ("IPV4", Some(3), |m| boot_nic(m).1),
+    ("SERIAL", None, |m| s(&m["serial"])),
+    ("ASSET TAG", None, |m| s(&m["asset_tag"])),
+    ("SMBIOS UUID", None, |m| s(&m["smbios_uuid"])),
+    ("ID", None, |m| s(&m["id"])),
+];
+
+/// Host name first; the long identifiers only with `--wide`, which also leaves the table at its
+/// natural width. Without it, columns that do not fit the terminal are left out (and named on
+/// stderr), least useful first. Returns the headers left out.
+fn print_list(items: &[Value], wide: bool) -> Vec<&'static str> {
+    let columns: Vec<&Column> = LIST_COLUMNS
+        .iter()
+        .filter(|c| wide || c.1.is_some())
+        .collect();
+    let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|m| columns.iter().map(|c| (c.2)(m)).collect())
+        .collect();
+    let kept = if wide {
+        (0..columns.len()).collect()
+    } else {
+        let priority: Vec<u8> = columns.iter().map(|c| c.1.unwrap_or(u8::MAX)).collect();
+        columns_that_fit(&header, &rows, &priority)
+    };
+    let mut t = if wide { wide_table() } else { table() };
+    t.set_header(kept.iter().map(|i| header[*i]));
+    for r in &rows {
+        t.add_row(kept.iter().map(|i| r[*i].clone()));
     }
     say(&t);
+    (0..columns.len())
+        .filter(|i| !kept.contains(i))
+        .map(|i| header[i])
+        .collect()
 }
 
 fn print_machine(m: &Value) {
@@ -506,6 +553,7 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             q,
             limit,
             all,
+            wide,
         } => {
             let mut items = Vec::new();
             let mut cursor: Option<String> = None;
@@ -540,13 +588,20 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             if json_out {
                 say(serde_json::to_string_pretty(&items)?);
             } else {
-                print_list(&items);
+                let hidden = print_list(&items, wide);
                 let more = if cursor.is_some() {
                     " (more: use --all)"
                 } else {
                     ""
                 };
                 say(format!("{} of {total} machine(s){more}", items.len()));
+                if !hidden.is_empty() {
+                    eprintln!(
+                        "{} left out to fit {} columns; --wide shows every column",
+                        hidden.join(", "),
+                        super::output::width()
+                    );
+                }
             }
         }
         MachineCommand::Show { machine } => {
@@ -684,6 +739,25 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                     events::print(json_out, e);
                 }
             }
+        }
+        MachineCommand::Timeline { machine } => {
+            let id = api.machine_id(&machine).await?;
+            let (_, list) = api
+                .send(api.req(Method::GET, &format!("/machines/{id}/timeline")))
+                .await?;
+            if json_out {
+                say(serde_json::to_string_pretty(&list)?);
+            } else {
+                let steps = list.as_array().cloned().unwrap_or_default();
+                for e in &steps {
+                    say(events::timeline_line(e));
+                }
+                say(format!("{machine}: {} step(s)", steps.len()));
+            }
+        }
+        MachineCommand::Status { machine } => {
+            let status = status::gather(&api, &machine).await?;
+            emit(json_out, &status, status::print);
         }
         MachineCommand::Config { machine } => {
             let (_, m) = api.get_machine(&machine).await?;

@@ -3,11 +3,16 @@
 //!
 //! Imports `app` (which starts the server), `config`, `store::redact_url` and `cli::output`.
 
+use serde_json::json;
+
+use super::database::{self, Access, Settings};
 use super::output::say;
-use crate::config::Config;
 
 /// Run the server until Ctrl-C or SIGTERM.
-pub async fn serve(config: &Config) -> anyhow::Result<()> {
+pub async fn serve(settings: &Settings, json_out: bool) -> anyhow::Result<()> {
+    let config = &settings.config;
+    // Refused before anything is opened or bound: the key is a setting.
+    config.require_secret_key()?;
     let running = crate::app::spawn(config).await?;
     let addr = running.http_addr;
     let dhcp = if running.dhcp.is_empty() {
@@ -26,11 +31,25 @@ pub async fn serve(config: &Config) -> anyhow::Result<()> {
     } else {
         running.bootable.join(", ")
     };
-    eprintln!(
-        "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics, /boot.ipxe); database {}; \
-         DHCP {dhcp}; TFTP {tftp}; image door {images}; network-boots {boots}",
-        crate::store::redact_url(&config.database_url)
-    );
+    let database = crate::store::redact_url(&config.database_url);
+    if json_out {
+        eprintln!(
+            "{}",
+            json!({"serving": {
+                "http": format!("http://{addr}"), "database": database,
+                "settings": settings.file.to_string(), "dhcp": running.dhcp,
+                "tftp": running.tftp_addr.map(|a| a.to_string()),
+                "images": running.images_addr.map(|a| format!("http://{a}/images/")),
+                "network_boots": running.bootable,
+            }})
+        );
+    } else {
+        eprintln!(
+            "plinth: serving HTTP on http://{addr} (API /api/v1, /healthz, /metrics, /boot.ipxe); database {database}; \
+             DHCP {dhcp}; TFTP {tftp}; image door {images}; network-boots {boots}; settings: {}",
+            settings.file
+        );
+    }
     tracing::info!(http = %addr, "plinth started");
     let stop = running.shutdown.clone();
     tokio::spawn(async move {
@@ -55,17 +74,24 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-/// `plinth migrate`: apply pending migrations and exit.
-pub async fn migrate(config: &Config) -> anyhow::Result<()> {
-    crate::app::open_store(config, true).await?;
-    eprintln!(
-        "migrations applied to {}",
-        crate::store::redact_url(&config.database_url)
-    );
+/// `plinth migrate`: apply pending migrations and exit. Needs no secret key.
+pub async fn migrate(settings: &Settings, json_out: bool) -> anyhow::Result<()> {
+    database::store(settings, Access::Write, "migrate", json_out).await?;
+    let database = crate::store::redact_url(&settings.config.database_url);
+    if json_out {
+        say(json!({ "migrated": database }));
+    } else {
+        eprintln!("migrations applied to {database}");
+    }
     Ok(())
 }
 
 /// `plinth secret-key`: a new random key on stdout.
-pub fn secret_key() {
-    say(crate::service::SecretBox::generate_key_text());
+pub fn secret_key(json_out: bool) {
+    let key = crate::service::SecretBox::generate_key_text();
+    if json_out {
+        say(json!({ "key": key }));
+    } else {
+        say(key);
+    }
 }

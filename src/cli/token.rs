@@ -4,10 +4,27 @@
 //! Imports `cli::database`, `cli::output` and the token service.
 
 use anyhow::Context;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
+use serde_json::json;
 
-use super::output::say;
+use super::database::{self, Access, Settings};
+use super::output::{say, table, JsonArg};
+use super::SettingsArgs;
 use crate::service::{ApiRole, Tokens};
+
+/// `plinth token ...`: where the database is, output, and the command.
+#[derive(Debug, Args)]
+pub struct TokenArgs {
+    /// Settings and database.
+    #[command(flatten)]
+    pub settings: SettingsArgs,
+    /// Output.
+    #[command(flatten)]
+    pub out: JsonArg,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: TokenCommand,
+}
 
 /// `plinth token ...`.
 #[derive(Debug, Subcommand)]
@@ -34,9 +51,15 @@ pub enum TokenCommand {
 }
 
 /// Run `plinth token ...` on the configured database.
-pub async fn run(config: &crate::config::Config, cmd: TokenCommand) -> anyhow::Result<()> {
-    let tokens = Tokens::new(super::database::store(config).await?);
-    match cmd {
+pub async fn run(settings: &Settings, args: TokenArgs) -> anyhow::Result<()> {
+    let json_out = args.out.json;
+    let (access, name) = match &args.command {
+        TokenCommand::Create { .. } => (Access::Write, "token create"),
+        TokenCommand::List => (Access::Read, "token list"),
+        TokenCommand::Revoke { .. } => (Access::Write, "token revoke"),
+    };
+    let tokens = Tokens::new(database::store(settings, access, name, json_out).await?);
+    match args.command {
         TokenCommand::Create {
             role,
             name,
@@ -46,20 +69,34 @@ pub async fn run(config: &crate::config::Config, cmd: TokenCommand) -> anyhow::R
             let name = name.unwrap_or_else(|| role.to_string());
             let expires =
                 expires_in_days.map(|d| chrono::Utc::now() + chrono::Duration::days(i64::from(d)));
-            let (secret, _) = tokens.create(&name, role, expires, "cli").await?;
-            say(secret);
+            let (secret, info) = tokens.create(&name, role, expires, "cli").await?;
+            if json_out {
+                let mut v = serde_json::to_value(&info)?;
+                v["token"] = json!(secret);
+                say(serde_json::to_string_pretty(&v)?);
+            } else {
+                say(secret);
+            }
         }
         TokenCommand::List => {
-            for t in tokens.list().await? {
-                let state = if t.revoked { "revoked" } else { "live" };
-                let exp = t
-                    .expires_at
-                    .map(|e| e.to_rfc3339())
-                    .unwrap_or_else(|| "never".into());
-                say(format!(
-                    "{}\t{}\t{}\t{state}\texpires {exp}",
-                    t.id, t.name, t.role
-                ));
+            let list = tokens.list().await?;
+            if json_out {
+                say(serde_json::to_string_pretty(&list)?);
+            } else {
+                let mut t = table();
+                t.set_header(["NAME", "ROLE", "STATE", "EXPIRES", "ID"]);
+                for tok in &list {
+                    t.add_row([
+                        tok.name.clone(),
+                        tok.role.to_string(),
+                        if tok.revoked { "revoked" } else { "live" }.to_string(),
+                        tok.expires_at
+                            .map(|e| e.to_rfc3339())
+                            .unwrap_or_else(|| "never".into()),
+                        tok.id.to_string(),
+                    ]);
+                }
+                say(&t);
             }
         }
         TokenCommand::Revoke { id } => {
@@ -67,7 +104,11 @@ pub async fn run(config: &crate::config::Config, cmd: TokenCommand) -> anyhow::R
             if !tokens.revoke(id, "cli").await? {
                 anyhow::bail!("no live token {id}");
             }
-            eprintln!("revoked {id}");
+            if json_out {
+                say(json!({ "revoked": id }));
+            } else {
+                eprintln!("revoked {id}");
+            }
         }
     }
     Ok(())

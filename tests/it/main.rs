@@ -12,6 +12,8 @@ mod bmc_faults;
 mod bmc_mockups;
 mod boot;
 mod cli;
+mod cli_habits;
+mod cli_settings;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
