@@ -12,9 +12,8 @@ use anyhow::{bail, Context};
 use clap::Args;
 use serde_json::json;
 
-use super::database::{self, Access, Settings};
+use super::database::{self, Access, Settings, SettingsArgs};
 use super::output::{say, JsonArg};
-use super::SettingsArgs;
 use crate::service::apply::{Action, ApplyReport};
 
 /// `plinth apply ...`.

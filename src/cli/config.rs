@@ -11,9 +11,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::database::{self, Access, Settings};
+use super::database::{self, Access, Settings, SettingsArgs};
 use super::output::{say, say_raw, JsonArg};
-use super::SettingsArgs;
 use crate::service::config::config_diff;
 
 /// `plinth config ...`: output and the command.
@@ -120,10 +119,10 @@ pub async fn run(settings: Option<&Settings>, args: ConfigArgs) -> anyhow::Resul
     let json_out = args.out.json;
     match args.command {
         ConfigCommand::Render { machine, .. } => {
-            render(super::required(settings)?, &machine, json_out).await?;
+            render(database::required(settings)?, &machine, json_out).await?;
         }
         ConfigCommand::Diff { machine, .. } => {
-            diff(super::required(settings)?, &machine, json_out).await?;
+            diff(database::required(settings)?, &machine, json_out).await?;
         }
         ConfigCommand::Patch {
             file,

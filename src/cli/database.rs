@@ -5,13 +5,15 @@
 //! a command that only reads creates nothing: it names what it looked for and how to point it
 //! elsewhere.
 //!
-//! Imports `app` (which names the concrete store), `config`, `store::redact_url`, `cli::output`
-//! and the services it hands out.
+//! Also the settings flags (`SettingsArgs`) of those commands. Imports `app` (which names the
+//! concrete store), `config`, `store::redact_url`, `images` and the services it hands out; no
+//! other `cli` module.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::bail;
+use clap::Args;
 use serde_json::json;
 
 use crate::config::{Config, SecretKeySource, SettingsFile};
@@ -24,6 +26,40 @@ pub struct Settings {
     pub config: Config,
     /// The file it was read from, if any.
     pub file: SettingsFile,
+}
+
+/// Where the settings and the database are, for the commands that use them. Accepted before
+/// the command (`plinth --config F serve`) and after it (`plinth serve --config F`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SettingsArgs {
+    /// Settings file (TOML; plinth.example.toml lists every key). Default: $PLINTH_CONFIG, else
+    /// /etc/plinth/plinth.toml when it exists, else the embedded defaults (data in ./plinth-data).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Data directory (SQLite database, generated secret key, image cache); wins over the file.
+    #[arg(long, global = true, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Database URL, sqlite://PATH or postgres://USER@HOST/DB; wins over the file [env:
+    /// PLINTH_DATABASE_URL].
+    #[arg(long, global = true, value_name = "URL")]
+    pub database_url: Option<String>,
+}
+
+impl SettingsArgs {
+    /// These, with the values of `outer` (given before the command) where these have none.
+    pub(crate) fn or(self, outer: &SettingsArgs) -> SettingsArgs {
+        SettingsArgs {
+            config: self.config.or_else(|| outer.config.clone()),
+            data_dir: self.data_dir.or_else(|| outer.data_dir.clone()),
+            database_url: self.database_url.or_else(|| outer.database_url.clone()),
+        }
+    }
+}
+
+/// The settings of a command that uses them (`Cli::settings` loads them for exactly those).
+pub(crate) fn required(settings: Option<&Settings>) -> anyhow::Result<&Settings> {
+    settings
+        .ok_or_else(|| anyhow::anyhow!("this command needs the settings, and they were not loaded"))
 }
 
 /// Whether a command only reads (and so must create nothing) or may write.

@@ -9,9 +9,8 @@ use anyhow::{bail, Context};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::database::{self, Access, Settings};
+use super::database::{self, Access, Settings, SettingsArgs};
 use super::output::{say, table, JsonArg};
-use super::SettingsArgs;
 use crate::domain::dhcp::Arch;
 use crate::images::{initramfs_name, kernel_name, ImageCache};
 

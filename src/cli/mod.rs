@@ -8,12 +8,12 @@
 //! error is `{"error": {...}}` on stderr.
 //!
 //! Arrows inside: every group may import `api`, `output`, `events` and `database`; groups never
-//! import each other. Outside: `app` (to start the server and open the store), `config`, `domain`,
+//! import each other, nor this file (which imports them all). Outside: `app` (to start the server and open the store), `config`, `domain`,
 //! `declare`, `images`, `talos` and the services the commands call.
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::{Args, CommandFactory, Parser, Subcommand};
 use serde_json::json;
 
@@ -35,37 +35,9 @@ pub mod serve;
 pub mod token;
 
 pub use api::{describe_error, ApiArgs, ApiClient, ApiFailure};
-pub use database::Settings;
+pub use database::{Settings, SettingsArgs};
 pub use machine::set_patch;
 pub use output::JsonArg;
-
-/// Where the settings and the database are, for the commands that use them. Accepted before
-/// the command (`plinth --config F serve`) and after it (`plinth serve --config F`).
-#[derive(Debug, Clone, Default, Args)]
-pub struct SettingsArgs {
-    /// Settings file (TOML; plinth.example.toml lists every key). Default: $PLINTH_CONFIG, else
-    /// /etc/plinth/plinth.toml when it exists, else the embedded defaults (data in ./plinth-data).
-    #[arg(long, global = true, value_name = "FILE")]
-    pub config: Option<PathBuf>,
-    /// Data directory (SQLite database, generated secret key, image cache); wins over the file.
-    #[arg(long, global = true, value_name = "DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Database URL, sqlite://PATH or postgres://USER@HOST/DB; wins over the file [env:
-    /// PLINTH_DATABASE_URL].
-    #[arg(long, global = true, value_name = "URL")]
-    pub database_url: Option<String>,
-}
-
-impl SettingsArgs {
-    /// These, with the values of `outer` (given before the command) where these have none.
-    fn or(self, outer: &SettingsArgs) -> SettingsArgs {
-        SettingsArgs {
-            config: self.config.or_else(|| outer.config.clone()),
-            data_dir: self.data_dir.or_else(|| outer.data_dir.clone()),
-            database_url: self.database_url.or_else(|| outer.database_url.clone()),
-        }
-    }
-}
 
 /// Plinth: bare-metal provisioning for Talos Linux.
 #[derive(Debug, Parser)]
@@ -240,27 +212,24 @@ impl Cli {
     }
 }
 
-/// The settings of a command that uses them (`Cli::settings` loads them for exactly those).
-fn required(settings: Option<&Settings>) -> anyhow::Result<&Settings> {
-    settings.context("this command needs the settings, and they were not loaded")
-}
-
 /// Run the chosen command with the settings `Cli::settings` loaded for it.
 pub async fn run(command: Command, settings: Option<&Settings>) -> anyhow::Result<()> {
     match command {
-        Command::Serve { out, .. } => serve::serve(required(settings)?, out.json).await,
-        Command::Migrate { out, .. } => serve::migrate(required(settings)?, out.json).await,
+        Command::Serve { out, .. } => serve::serve(database::required(settings)?, out.json).await,
+        Command::Migrate { out, .. } => {
+            serve::migrate(database::required(settings)?, out.json).await
+        }
         Command::SecretKey { out } => {
             serve::secret_key(out.json);
             Ok(())
         }
-        Command::Token(a) => token::run(required(settings)?, a).await,
+        Command::Token(a) => token::run(database::required(settings)?, a).await,
         Command::Machine(args) => machine::run(args).await,
         Command::Bmc(args) => bmc::run(args).await,
         Command::Cluster(a) => cluster::run(a),
         Command::Config(a) => config::run(settings, a).await,
-        Command::Apply(a) => apply::run(required(settings)?, a).await,
-        Command::Image(a) => image::run(required(settings)?, a).await,
+        Command::Apply(a) => apply::run(database::required(settings)?, a).await,
+        Command::Image(a) => image::run(database::required(settings)?, a).await,
         Command::Completion { shell, .. } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "plinth", &mut out);

@@ -7,9 +7,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::database::{self, Access, Settings};
+use super::database::{self, Access, Settings, SettingsArgs};
 use super::output::{say, table, JsonArg};
-use super::SettingsArgs;
 use crate::service::{ApiRole, Tokens};
 
 /// `plinth token ...`: where the database is, output, and the command.

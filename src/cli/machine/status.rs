@@ -7,8 +7,8 @@
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::cli::api::{ApiClient, ApiFailure};
-use crate::cli::output::{s, say, table};
+use super::super::api::{ApiClient, ApiFailure};
+use super::super::output::{s, say, table};
 
 /// Event kinds that are steps of a boot (the timeline also holds state changes).
 const BOOT_STEPS: &[&str] = &["dhcp.", "tftp.", "http.", "boot.", "config."];
