@@ -13,6 +13,8 @@ mod bmc_mockups;
 mod bmc_secrets;
 mod boot;
 mod cli;
+mod cli_habits;
+mod cli_settings;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
