@@ -225,7 +225,8 @@ pub struct AddArgs {
     /// File holding the BMC password (or set PLINTH_BMC_PASSWORD); never on the command line.
     #[arg(long)]
     pub bmc_password_file: Option<PathBuf>,
-    /// BMC TLS mode: verify, pinned or insecure.
+    /// BMC TLS mode: verify, pinned, insecure, or insecure-http (an http:// BMC with a password:
+    /// the password crosses the network in clear).
     #[arg(long)]
     pub bmc_tls: Option<String>,
     /// BMC certificate SHA-256 fingerprint (with --bmc-tls pinned).
@@ -630,6 +631,13 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 )
                 .await?;
             emit(json_out, &m, print_machine);
+            if !json_out {
+                // What the edit did besides, e.g. a BMC password discarded because bmc.url moved
+                // to another origin (`--json` carries them as `notices`).
+                for notice in m["notices"].as_array().into_iter().flatten() {
+                    eprintln!("notice: {}", s(notice));
+                }
+            }
         }
         MachineCommand::Inspect { machine } => {
             inspect(&api, &machine, json_out).await?;

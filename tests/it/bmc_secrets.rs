@@ -256,7 +256,56 @@ async fn moving_the_bmc_url_discards_its_password(b: Backend) {
     );
     use_the_bmc(&s, &id2).await;
     never_received(&theirs, PASSWORD);
+
+    // Without `--json` the CLI prints the machine on stdout and the notice on stderr.
+    let (id3, _) = register(&s, "n3", &real.url()).await;
+    let out = tokio::process::Command::new(BIN)
+        .args([
+            "machine",
+            "edit",
+            "n3",
+            "--set",
+            &format!("bmc.url={}", theirs.url()),
+        ])
+        .env("PLINTH_SERVER", &s.base)
+        .env("PLINTH_TOKEN", &s.operator)
+        .output()
+        .await
+        .expect("run plinth");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l.starts_with("notice: bmc.password discarded") && l.contains(&theirs.url())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(PASSWORD), "{stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("n3"),
+        "the machine on stdout"
+    );
+    use_the_bmc(&s, &id3).await;
+    never_received(&theirs, PASSWORD);
     s.finish().await;
+}
+
+/// The CLI's help names the TLS mode an http:// BMC with a password needs.
+#[test]
+fn machine_add_help_lists_insecure_http() {
+    let out = std::process::Command::new(BIN)
+        .args(["machine", "add", "--help"])
+        .output()
+        .expect("run plinth");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = help
+        .lines()
+        .skip_while(|l| !l.contains("--bmc-tls"))
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(line.contains("insecure-http"), "{help}");
 }
 
 async fn plain_http_needs_the_insecure_http_flag(b: Backend) {
