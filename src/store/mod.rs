@@ -24,6 +24,7 @@ use std::sync::Arc;
 pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
 
+pub use crate::domain::database::{redact_url, Dialect};
 use crate::service::ports::{StoreError, Stores};
 
 /// Rows per multi-row INSERT: 18 columns x 500 stays under SQLite's and PostgreSQL's bind limits.
@@ -53,28 +54,6 @@ fn json_err(e: serde_json::Error) -> StoreError {
     StoreError::Backend(format!("stored JSON: {e}"))
 }
 
-/// Which database a URL names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Dialect {
-    /// `sqlite://path` (or `sqlite:path`).
-    Sqlite,
-    /// `postgres://` or `postgresql://`.
-    Postgres,
-}
-
-impl Dialect {
-    /// The dialect of a database URL, if it is one we speak.
-    pub fn of_url(url: &str) -> Option<Dialect> {
-        if url.starts_with("sqlite:") {
-            Some(Dialect::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Dialect::Postgres)
-        } else {
-            None
-        }
-    }
-}
-
 /// Connection settings.
 #[derive(Clone, Debug)]
 pub struct StoreOptions {
@@ -98,20 +77,6 @@ pub async fn open(opts: &StoreOptions) -> Result<Stores, StoreError> {
     }
 }
 
-/// A database URL with its password replaced, for logs and errors.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
-
 /// A database error as the ports see it: a unique violation is a conflict (the service finds
 /// out who holds what), anything else a backend failure.
 impl From<sqlx::Error> for StoreError {
@@ -120,20 +85,5 @@ impl From<sqlx::Error> for StoreError {
             sqlx::Error::Database(d) if d.is_unique_violation() => StoreError::Conflict(Vec::new()),
             _ => StoreError::Backend(e.to_string()),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redacts_passwords() {
-        assert_eq!(
-            redact_url("postgres://u:secret@h/db"),
-            "postgres://u:***@h/db"
-        );
-        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
-        assert_eq!(redact_url("sqlite://x.db"), "sqlite://x.db");
     }
 }
