@@ -291,10 +291,21 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
+    let clusters = crate::service::clusters::Clusters::new(
+        store.clone(),
+        configs.clone(),
+        Arc::new(crate::talos_api::TalosApiClient::default()),
+        crate::service::clusters::ClusterSettings {
+            talos_api_port: config.workflows.talos_api_port,
+            ..Default::default()
+        },
+    );
+    clusters.register_metrics(&metrics);
     let workflows = crate::service::Workflows::new(
         inventory.clone(),
         configs.clone(),
         bmc.clone(),
+        clusters,
         config.workflows.clone(),
     );
     {

@@ -259,6 +259,55 @@ pub enum ClusterCommand {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Bootstrap the cluster's etcd on one control plane, exactly once (admins; refused, naming
+    /// when and where, once the cluster was bootstrapped).
+    Bootstrap {
+        /// Cluster name.
+        name: String,
+        /// The node (host name, id or address); default: the first verified control plane.
+        #[arg(long)]
+        node: Option<String>,
+        /// Connection to the API.
+        #[command(flatten)]
+        api: crate::cli_cluster::ApiConn,
+    },
+    /// Print a talosconfig signed now from the cluster's OS CA (admins; an event names you).
+    Talosconfig {
+        /// Cluster name.
+        name: String,
+        /// Talos role: os:admin, os:operator, os:reader or os:etcd:backup.
+        #[arg(long, default_value = "os:admin")]
+        role: String,
+        /// Lifetime: 30m, 8h, 7d (at most 30 days).
+        #[arg(long, default_value = "8h")]
+        ttl: String,
+        /// Connection to the API.
+        #[command(flatten)]
+        api: crate::cli_cluster::ApiConn,
+    },
+    /// Print an admin kubeconfig signed now from the cluster's Kubernetes CA (admins; an event
+    /// names you).
+    Kubeconfig {
+        /// Cluster name.
+        name: String,
+        /// Lifetime: 30m, 8h, 7d (at most 30 days).
+        #[arg(long, default_value = "8h")]
+        ttl: String,
+        /// Connection to the API.
+        #[command(flatten)]
+        api: crate::cli_cluster::ApiConn,
+    },
+    /// Per node: Talos version, apid, etcd/kubelet/apid/trustd, etcd members and leader, quorum.
+    Health {
+        /// Cluster name.
+        name: String,
+        /// The last stored measurement instead of measuring now.
+        #[arg(long)]
+        cached: bool,
+        /// Connection to the API.
+        #[command(flatten)]
+        api: crate::cli_cluster::ApiConn,
+    },
 }
 
 /// Run `plinth cluster ...`.
@@ -293,6 +342,9 @@ pub fn cluster(cmd: ClusterCommand) -> anyhow::Result<()> {
             f.write_all(yaml.as_bytes())?;
             f.sync_all()?;
             eprintln!("secrets bundle for cluster {name} ({endpoint}) written to {} (mode 0600); keep it out of Git", out.display());
+        }
+        other => {
+            bail!("plinth cluster {other:?} talks to the API: run it through cli_cluster::run")
         }
     }
     Ok(())

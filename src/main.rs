@@ -130,7 +130,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Machine(args) => plinth::cli::machine(args).await,
         Command::Bmc(args) => plinth::cli_bmc::bmc(args).await,
-        Command::Cluster(cmd) => plinth::cli::cluster(cmd),
+        Command::Cluster(cmd) => plinth::cli_cluster::run(cmd).await,
         Command::Config(plinth::cli::ConfigCommand::Render { machine }) => {
             plinth::cli_config::render(&load()?, &machine).await
         }

@@ -90,6 +90,9 @@ pub struct ClusterSpec {
     /// Reinstall policy (automatic reinstall, workers per rack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reinstall: Option<super::workflow::ReinstallPolicy>,
+    /// How etcd is bootstrapped: `auto` (default) or `manual`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<super::clusters::BootstrapMode>,
 }
 
 /// A hardware/provisioning profile.
@@ -568,6 +571,28 @@ impl ConfigService {
             sealed_base,
             secrets_sha256: fingerprint,
         })
+    }
+
+    /// A cluster's secret input, in the clear (for signing credentials from its CAs).
+    pub fn cluster_secret_input(
+        &self,
+        cluster: &ClusterRecord,
+    ) -> Result<ClusterSecretInput, ConfigError> {
+        let name = &cluster.spec.name;
+        if let Some(sealed) = &cluster.sealed_bundle {
+            let text = self.open_text(&sealed_context("cluster-bundle", name), sealed)?;
+            return Ok(ClusterSecretInput::Bundle(text));
+        }
+        if let Some((cp, w)) = &cluster.sealed_base {
+            return Ok(ClusterSecretInput::BaseConfigs {
+                controlplane: self
+                    .open_text(&sealed_context("cluster-base-controlplane", name), cp)?,
+                worker: self.open_text(&sealed_context("cluster-base-worker", name), w)?,
+            });
+        }
+        Err(ConfigError::Secrets(format!(
+            "cluster `{name}` has neither a secrets bundle nor base configs"
+        )))
     }
 
     /// Load every render input from the store.

@@ -7,10 +7,12 @@
 pub mod apply;
 pub mod auth;
 pub mod bmc;
+pub mod clusters;
 pub mod config;
 pub mod dhcp;
 pub mod inventory;
 pub mod leases;
+pub mod ports;
 pub mod secrets;
 pub mod store;
 pub mod timeline;

@@ -166,6 +166,7 @@ pub trait InventoryStore:
     + super::bmc::BmcCapabilityStore
     + super::config::ConfigStore
     + super::workflow::ReinstallStore
+    + super::ports::talos_state::TalosStateStore
     + Send
     + Sync
     + 'static

@@ -8,6 +8,7 @@ mod group_commit;
 mod postgres;
 mod sql;
 mod sqlite;
+mod talos_state;
 
 use std::sync::Arc;
 

@@ -74,3 +74,4 @@ impl PgStore {
 }
 
 crate::store::sql::sql_store!(PgStore, sqlx::Postgres);
+crate::store::talos_state::talos_state_store!(PgStore, sqlx::Postgres);

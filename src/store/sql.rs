@@ -279,7 +279,7 @@ macro_rules! sql_store {
                 Ok(())
             }
 
-            async fn insert_events(tx: &mut Tx<'_>, events: &[&NewEvent]) -> Result<(), StoreError> {
+            pub(super) async fn insert_events(tx: &mut Tx<'_>, events: &[&NewEvent]) -> Result<(), StoreError> {
                 let now = Utc::now();
                 for chunk in events.chunks(CHUNK) {
                     let mut q = QueryBuilder::<Db>::new("INSERT INTO events (machine_id, kind, actor, detail, at) ");
@@ -348,7 +348,7 @@ macro_rules! sql_store {
             impl $store {
                 /// A writer's transaction, after its turn at the writer (see `write_turn`; the turn
                 /// is held until the transaction ends).
-                async fn begin_write(&self) -> Result<(Option<tokio::sync::SemaphorePermit<'_>>, Tx<'static>), StoreError> {
+                pub(super) async fn begin_write(&self) -> Result<(Option<tokio::sync::SemaphorePermit<'_>>, Tx<'static>), StoreError> {
                     let turn = self.write_turn().await;
                     let tx = self.write.begin().await.map_err(backend)?;
                     Ok((turn, tx))

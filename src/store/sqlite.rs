@@ -102,3 +102,4 @@ impl SqliteStore {
 }
 
 crate::store::sql::sql_store!(SqliteStore, sqlx::Sqlite);
+crate::store::talos_state::talos_state_store!(SqliteStore, sqlx::Sqlite);
