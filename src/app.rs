@@ -14,8 +14,9 @@ use crate::config::{Config, DhcpConfig, SecretKeySource, SECRET_KEY_ENV};
 use crate::domain::dhcp::BootFiles;
 use crate::http::{self, AppState};
 use crate::service::dhcp::{DhcpService, LeaseTiming};
-use crate::service::LeaseStore;
-use crate::service::{BmcService, Inventory, InventoryStore, SecretBox, Tokens};
+use crate::service::ports::Stores;
+use crate::service::timeline::Timeline;
+use crate::service::{BmcService, ConfigService, Inventory, SecretBox, Tokens, Workflows};
 use crate::store::{self, StoreOptions};
 
 /// A running server.
@@ -58,8 +59,8 @@ impl Running {
     }
 }
 
-/// Open the configured store, creating the data directory for SQLite.
-pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Arc<dyn InventoryStore>> {
+/// Open the configured store, creating the data directory for SQLite: one handle per port.
+pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Stores> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
     let opts = StoreOptions {
@@ -73,6 +74,87 @@ pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Arc<dy
             store::redact_url(&config.database_url)
         )
     })
+}
+
+/// The inventory use case over its ports of `stores`.
+pub fn inventory(stores: &Stores, secrets: SecretBox) -> Inventory {
+    Inventory::new(
+        stores.machines.clone(),
+        stores.events.clone(),
+        stores.configs.clone(),
+        stores.health.clone(),
+        secrets,
+    )
+}
+
+/// The machine-config use case over its ports of `stores`.
+pub fn config_service(
+    stores: &Stores,
+    secrets: SecretBox,
+    schema_dir: Option<std::path::PathBuf>,
+) -> ConfigService {
+    ConfigService::new(
+        stores.configs.clone(),
+        stores.events.clone(),
+        stores.leases.clone(),
+        secrets,
+        schema_dir,
+    )
+}
+
+/// The API-token use case over its ports of `stores`.
+pub fn tokens(stores: &Stores) -> Tokens {
+    Tokens::new(stores.tokens.clone(), stores.events.clone())
+}
+
+/// The BMC use case over the inventory, its ports of `stores`, and `connector` to reach BMCs.
+pub fn bmc_service(
+    inventory: &Inventory,
+    stores: &Stores,
+    connector: Arc<dyn crate::service::BmcConnector>,
+) -> BmcService {
+    BmcService::new(
+        inventory.clone(),
+        stores.bmc_capabilities.clone(),
+        connector,
+    )
+}
+
+/// The cluster use cases (the Talos API) over their ports of `stores` and a Talos API client.
+pub fn clusters(
+    configs: &ConfigService,
+    stores: &Stores,
+    api: Arc<dyn crate::service::ports::talos_api::TalosApi>,
+    settings: crate::service::clusters::ClusterSettings,
+) -> crate::service::clusters::Clusters {
+    crate::service::clusters::Clusters::new(
+        stores.machines.clone(),
+        stores.events.clone(),
+        stores.talos.clone(),
+        configs.clone(),
+        api,
+        settings,
+    )
+}
+
+/// The workflow use case over the other use cases and its ports of `stores`.
+pub fn workflows(
+    inventory: &Inventory,
+    configs: &ConfigService,
+    bmc: &BmcService,
+    stores: &Stores,
+    clusters: crate::service::clusters::Clusters,
+    settings: crate::service::WorkflowSettings,
+) -> Workflows {
+    Workflows::new(
+        inventory.clone(),
+        configs.clone(),
+        bmc.clone(),
+        stores.reinstalls.clone(),
+        stores.events.clone(),
+        clusters,
+        settings,
+    )
 }
 
 /// Load the secret key from the environment, the key file, or the data directory (creating it
@@ -198,7 +280,13 @@ where
 
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
-    let store = open_store(config, true).await?;
+    let stores = open_store(config, true).await?;
+    spawn_with_stores(config, stores).await
+}
+
+/// Start serving over stores already opened: `spawn` after it opened the configured database,
+/// and tests that serve over another implementation of the ports (a store that fails).
+pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Result<Running> {
     let secrets = secret_box(config)?;
     let dhcp_sockets = match &config.dhcp {
         Some(d) => bind_dhcp(d)?,
@@ -239,16 +327,20 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let mut dhcp = Vec::new();
-    let timeline = crate::service::timeline::Timeline::start(store.clone(), shutdown.clone());
+    let timeline = Timeline::start(
+        stores.machines.clone(),
+        stores.leases.clone(),
+        stores.events.clone(),
+        shutdown.clone(),
+    );
     timeline.register(&metrics);
     if let Some(d) = &config.dhcp {
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
             dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
         }
-        let leases: Arc<dyn LeaseStore> = store.clone();
         let service = Arc::new(DhcpService::new(
-            leases,
+            stores.leases.clone(),
             d.subnets.clone(),
             BootFiles {
                 http_base: d.boot_url.clone(),
@@ -267,10 +359,10 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         tasks.spawn(done);
     }
     let secrets_for_configs = secrets.clone();
-    let inventory = Inventory::new(store.clone(), secrets);
-    let bmc = BmcService::new(
-        inventory.clone(),
-        store.clone(),
+    let inventory = inventory(&stores, secrets);
+    let bmc = bmc_service(
+        &inventory,
+        &stores,
         Arc::new(crate::bmc::RedfishConnector::default()),
     );
     if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
@@ -286,14 +378,14 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         tasks.spawn(done);
     }
     let bootable = bootable_arches(&config.ipxe_dir);
-    let configs = crate::service::ConfigService::new(
-        store.clone(),
+    let configs = config_service(
+        &stores,
         secrets_for_configs,
         config.talos_schema_dir.clone(),
     );
-    let clusters = crate::service::clusters::Clusters::new(
-        store.clone(),
-        configs.clone(),
+    let clusters = clusters(
+        &configs,
+        &stores,
         Arc::new(crate::talos_api::TalosApiClient::default()),
         crate::service::clusters::ClusterSettings {
             talos_api_port: config.workflows.talos_api_port,
@@ -301,10 +393,11 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         },
     );
     clusters.register_metrics(&metrics);
-    let workflows = crate::service::Workflows::new(
-        inventory.clone(),
-        configs.clone(),
-        bmc.clone(),
+    let workflows = workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &stores,
         clusters,
         config.workflows.clone(),
     );
@@ -331,7 +424,7 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
         workflows,
         configs,
         inventory,
-        tokens: Tokens::new(store),
+        tokens: tokens(&stores),
         bmc,
         metrics,
         max_body_bytes: config.max_body_bytes,

@@ -10,19 +10,15 @@ use anyhow::{bail, Context};
 
 use crate::cli::say;
 use crate::config::Config;
-use crate::service::config::config_diff;
+use crate::service::machine_config::config_diff;
 use crate::service::{ConfigService, Inventory};
 
 async fn services(config: &Config) -> anyhow::Result<(ConfigService, Inventory)> {
-    let store = crate::app::open_store(config, true).await?;
+    let stores = crate::app::open_store(config, true).await?;
     let secrets = crate::app::secret_box(config)?;
     Ok((
-        ConfigService::new(
-            store.clone(),
-            secrets.clone(),
-            config.talos_schema_dir.clone(),
-        ),
-        Inventory::new(store, secrets),
+        crate::app::config_service(&stores, secrets.clone(), config.talos_schema_dir.clone()),
+        crate::app::inventory(&stores, secrets),
     ))
 }
 

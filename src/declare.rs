@@ -15,7 +15,7 @@ use serde_yaml_ng::Value;
 
 use crate::domain::MachineSpec;
 use crate::service::apply::{Declared, DeclaredMachine};
-use crate::service::config::DEFAULT_FACTORY_HOST;
+use crate::service::machine_config::DEFAULT_FACTORY_HOST;
 use crate::service::{
     ClusterSecretInput, ClusterSpec, GroupKind, GroupSpec, MachinePatches, PatchSource, ProfileSpec,
 };
@@ -76,7 +76,7 @@ struct ClusterDoc {
     reinstall: Option<crate::service::ReinstallPolicy>,
     /// `auto` (default) or `manual`.
     #[serde(default)]
-    bootstrap: Option<crate::service::clusters::BootstrapMode>,
+    bootstrap: Option<crate::service::ports::configs::BootstrapMode>,
 }
 
 #[derive(Deserialize)]
@@ -414,7 +414,7 @@ impl Loader {
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),
                 install_image: d.install_image,
                 patches,
-                role_patches: crate::service::config::RolePatches {
+                role_patches: crate::service::ports::RolePatches {
                     controlplane: cp,
                     worker,
                 },

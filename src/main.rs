@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Parser;
 use plinth::cli::{Cli, Command, TokenCommand};
 use plinth::config::{Config, LogFormat};
-use plinth::service::{ApiRole, Tokens};
+use plinth::service::ApiRole;
 
 fn telemetry(config: &Config) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -88,8 +88,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Token(t) => {
             let config = load()?;
-            let store = plinth::app::open_store(&config, true).await?;
-            let tokens = Tokens::new(store);
+            let stores = plinth::app::open_store(&config, true).await?;
+            let tokens = plinth::app::tokens(&stores);
             match t {
                 TokenCommand::Create {
                     role,

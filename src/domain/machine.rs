@@ -378,6 +378,36 @@ impl Machine {
     }
 }
 
+/// A short reference to a machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct MachineRef {
+    /// Inventory id.
+    pub id: MachineId,
+    /// Hostname, serial or id.
+    pub name: String,
+}
+
+/// One unique value that belongs to another machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Conflict {
+    /// Field path in the caller's input, e.g. `interfaces[0].mac`.
+    pub field: String,
+    /// The value, as text.
+    pub value: String,
+    /// The machine that holds it.
+    pub owner: MachineRef,
+}
+
+impl fmt::Display for Conflict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}: {} already belongs to machine {} ({})",
+            self.field, self.value, self.owner.name, self.owner.id
+        )
+    }
+}
+
 /// The values of a machine that must be unique across the inventory, each with its field path.
 pub fn unique_keys(spec: &MachineSpec) -> Vec<(String, UniqueKey)> {
     let mut out = Vec::new();

@@ -13,5 +13,9 @@ pub mod machine;
 pub mod validate;
 
 pub use mac::MacAddr;
-pub use machine::*;
+pub use machine::{
+    check_hostname, normalise_fingerprint, spec_diff, unique_keys, Bmc, BmcSpec, Conflict, Disk,
+    DiskType, Interface, LifecycleState, Machine, MachineId, MachineRef, MachineSpec, Role,
+    TlsMode, UniqueKey,
+};
 pub use validate::{FieldError, ValidationErrors};

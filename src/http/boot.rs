@@ -370,7 +370,7 @@ pub async fn machine(
             "platform": id.platform, "buildarch": id.buildarch, "state": m.state,
         }),
     };
-    if let Err(e) = s.inventory.store().append_event(&event).await {
+    if let Err(e) = s.inventory.append_event(&event).await {
         tracing::warn!(error = %e, "boot: timeline event not written");
     }
     tracing::info!(machine = %m.id, %mac, plan = plan.name(), discovered, from = %peer, "boot script");

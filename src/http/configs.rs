@@ -64,6 +64,7 @@ pub async fn fetch(
             .into_response(),
         Err(Refusal::NotFound) => StatusCode::NOT_FOUND.into_response(),
         Err(Refusal::Forbidden) => StatusCode::FORBIDDEN.into_response(),
+        Err(Refusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
 }
 
@@ -108,14 +109,21 @@ pub async fn status(
 ) -> Result<Json<ConfigStatus>, ApiError> {
     caller.require(ApiRole::Viewer)?;
     let m = s.inventory.resolve(&id).await?;
-    let rendered = s.configs.render_machine(&m).await;
-    let store = s.configs.store();
-    let window = store
+    let rendered = match s.configs.render_machine(&m).await {
+        // A store fault is a fault, not an invalid config.
+        Err(crate::service::MachineConfigError::Store(e)) => {
+            return Err(crate::service::ServiceError::from(e).into())
+        }
+        other => other,
+    };
+    let window = s
+        .configs
         .window(m.id)
         .await
         .map_err(crate::service::ServiceError::from)?;
-    let (_, served) = store
-        .machine_config(m.id)
+    let served = s
+        .configs
+        .served(m.id)
         .await
         .map_err(crate::service::ServiceError::from)?;
     let now = Utc::now();
@@ -194,8 +202,8 @@ pub async fn open(
         )
         .await
         .map_err(|e| match e {
-            crate::service::config::OpenError::Service(e) => ApiError::from(e),
-            crate::service::config::OpenError::Config(c) => {
+            crate::service::machine_config::OpenError::Service(e) => ApiError::from(e),
+            crate::service::machine_config::OpenError::Config(c) => {
                 ApiError::from(crate::service::ServiceError::from(c))
             }
         })?;

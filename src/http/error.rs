@@ -5,9 +5,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
 
+use crate::domain::Conflict;
 use crate::domain::{FieldError, ValidationErrors};
 use crate::service::bmc::BmcError;
-use crate::service::{Conflict, RowError, ServiceError, StoreError};
+use crate::service::{RowError, ServiceError, StoreError};
 
 /// An error answer: `{"error": {...}}`.
 #[derive(Debug)]

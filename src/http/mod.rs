@@ -121,7 +121,7 @@ pub fn router(state: AppState) -> Router {
 /// Liveness and database reachability.
 #[utoipa::path(get, path = "/healthz", responses((status = 200, description = "serving"), (status = 503, description = "database unreachable")))]
 async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
-    match s.inventory.store().ping().await {
+    match s.inventory.ping().await {
         Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))),
         Err(e) => {
             tracing::warn!(error = %e, "health check: database unreachable");

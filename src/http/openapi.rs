@@ -12,9 +12,7 @@ use crate::service::bmc::{
     FieldChange, InspectConflict, InspectedDrive, InspectedHardware, InspectedNic,
     InspectionReport, MediaLocation, MediaReport, PowerAction, PowerReport, VirtualMediaStatus,
 };
-use crate::service::{
-    ApiRole, CapabilityRecord, Conflict, Event, MachinePage, MachineRef, RowError, TokenInfo,
-};
+use crate::service::{ApiRole, CapabilityRecord, Event, MachinePage, RowError, TokenInfo};
 
 struct Bearer;
 

@@ -17,7 +17,8 @@ use serde::Deserialize;
 use super::error::{ApiError, ErrorEnvelope};
 use super::extract::{Caller, JsonBody, QueryParams};
 use super::AppState;
-use crate::service::workflow::{Reinstall, Started};
+use crate::service::workflow::Started;
+use crate::service::Reinstall;
 use crate::service::{ApiRole, EventFilter};
 
 /// A reinstall request.
@@ -102,19 +103,14 @@ pub async fn stream(
         .and_then(|v| v.trim().parse::<i64>().ok());
     let start = match p.after.or(resume) {
         Some(a) => a,
-        None => s
-            .inventory
-            .store()
-            .last_event_id()
-            .await
-            .map_err(crate::service::ServiceError::from)?,
+        None => s.inventory.last_event_id().await?,
     };
     struct Cursor {
         after: i64,
         buffer: VecDeque<crate::service::Event>,
     }
     let stop = s.shutdown.clone();
-    let store = s.inventory.store().clone();
+    let inventory = s.inventory.clone();
     let kind = p.kind;
     let events = futures::stream::unfold(
         Cursor {
@@ -122,7 +118,7 @@ pub async fn stream(
             buffer: VecDeque::new(),
         },
         move |mut c| {
-            let (store, stop, kind) = (store.clone(), stop.clone(), kind.clone());
+            let (inventory, stop, kind) = (inventory.clone(), stop.clone(), kind.clone());
             async move {
                 loop {
                     if let Some(e) = c.buffer.pop_front() {
@@ -140,7 +136,7 @@ pub async fn stream(
                         after_id: Some(c.after),
                         limit: 500,
                     };
-                    match store.list_events(&filter).await {
+                    match inventory.events(&filter).await {
                         Ok(list) if !list.is_empty() => {
                             c.buffer.extend(list);
                             continue;

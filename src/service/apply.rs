@@ -5,16 +5,18 @@
 //! clusters, profiles, groups and machine patches in one transaction.
 //!
 //! Nothing is deleted: objects in the database that the directory no longer declares are listed.
-//! Imports `domain`, `talos` (through `config`) and the rest of `service` only.
+//! Imports `domain`, `talos` (through `machine_config`), the ports' records and the inventory and
+//! config use cases only.
 
 use std::collections::HashMap;
 
 use serde_json::Value;
 
-use super::config::{config_diff, ConfigService, ConfigWrite, Sources};
-use super::{
-    ClusterSecretInput, ClusterSpec, GroupSpec, Inventory, MachinePatches, NewEvent, ProfileSpec,
-    ServiceError,
+use super::error::ServiceError;
+use super::inventory::Inventory;
+use super::machine_config::{config_diff, ClusterSecretInput, ConfigService, Sources};
+use super::ports::{
+    ClusterSpec, ConfigWrite, GroupSpec, MachineFilter, MachinePatches, NewEvent, ProfileSpec,
 };
 use crate::domain::{Machine, MachineId, MachineSpec, UniqueKey};
 
@@ -125,7 +127,6 @@ pub async fn apply(
     dry_run: bool,
     actor: &str,
 ) -> Result<ApplyReport, ServiceError> {
-    let store = configs.store();
     let mut report = ApplyReport::default();
     let before = configs.sources().await?;
 
@@ -174,14 +175,14 @@ pub async fn apply(
     // Machines: every machine of the database (its config may change through a shared layer),
     // plus the declared ones.
     let patches: HashMap<MachineId, MachinePatches> =
-        store.all_machine_patches().await?.into_iter().collect();
+        configs.all_machine_patches().await?.into_iter().collect();
     let mut current: Vec<Machine> = Vec::new();
-    let mut filter = super::MachineFilter {
+    let mut filter = MachineFilter {
         limit: 1000,
         ..Default::default()
     };
     loop {
-        let page = store.list_machines(&filter).await?;
+        let page = inventory.list(&filter).await?;
         current.extend(page.items);
         match page.next_cursor.and_then(|c| c.parse().ok()) {
             Some(n) => filter.after = Some(n),
@@ -313,15 +314,15 @@ pub async fn apply(
                 .map(|(o, a)| format!("{} {o}", a.as_str())).collect::<Vec<_>>(),
         }),
     };
-    store.put_config_objects(&write, &[event]).await?;
+    configs.put_config_objects(&write, &[event]).await?;
     report.applied = true;
     Ok(report)
 }
 
 fn kind_title(g: &GroupSpec) -> &'static str {
     match g.kind {
-        super::GroupKind::Site => "Site",
-        super::GroupKind::Rack => "Rack",
+        crate::service::ports::GroupKind::Site => "Site",
+        crate::service::ports::GroupKind::Rack => "Rack",
     }
 }
 

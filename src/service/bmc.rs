@@ -9,70 +9,31 @@
 //! are filled and unknown NICs and disks added; values that contradict what a tech registered, or
 //! that belong to another machine, are reported and never overwritten.
 //!
-//! The traits the use cases need from outside live here: `Bmc` (in `model`, implemented over
-//! Redfish by `crate::bmc`), `BmcConnector` (builds a `Bmc` for a BMC record) and
-//! `BmcCapabilityStore` (implemented by `crate::store`). This module imports `domain` and the rest
-//! of `service`, nothing from `bmc`, `store` or `http`.
+//! The traits it needs from outside are the BMC port (`service::ports::bmc`: `Bmc`,
+//! `BmcConnector`, `BmcCapabilityStore`), re-exported here by name for the front doors and the
+//! Redfish client. This module imports `domain`, the ports and the inventory use case, nothing
+//! from `bmc`, `store` or `http`.
 
-pub mod model;
-
-pub use model::*;
+pub use super::ports::bmc::{
+    disk_type_of, Bmc, BmcCapabilityStore, BmcConnector, BmcError, BootMode, BootOverride,
+    BootTarget, Capabilities, CapabilityRecord, DriveSource, EtagSupport, InspectedDrive,
+    InspectedHardware, InspectedNic, MediaLocation, PowerAction, PowerState, VirtualMediaStatus,
+};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use async_trait::async_trait;
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use super::store::{InventoryStore, MachineRef, NewEvent, StoreError};
-use super::{Inventory, ServiceError};
-use crate::domain::{self, Disk, Interface, MacAddr, Machine, MachineId, UniqueKey};
-
-/// Builds a client for one BMC from its inventory record and decrypted password.
-pub trait BmcConnector: Send + Sync + 'static {
-    /// A client for `bmc`. No I/O should happen before the first call on it.
-    fn connect(&self, bmc: &domain::Bmc, password: &str) -> Result<Arc<dyn Bmc>, BmcError>;
-}
-
-/// What a BMC can do, as last probed, and how the last probe went.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct CapabilityRecord {
-    /// The machine whose BMC this is.
-    pub machine_id: MachineId,
-    /// The BMC URL the probe talked to.
-    pub bmc_url: String,
-    /// What the last successful probe found; absent when no probe has succeeded yet.
-    pub capabilities: Option<Capabilities>,
-    /// When the capabilities were probed.
-    pub probed_at: Option<DateTime<Utc>>,
-    /// Why the last attempt failed; absent when it succeeded.
-    pub last_error: Option<String>,
-    /// When the last attempt (successful or not) ran.
-    pub attempted_at: DateTime<Utc>,
-    /// The machine's BMC URL changed since: probe again.
-    #[serde(default)]
-    pub stale: bool,
-}
-
-/// Where capability records are kept.
-#[async_trait]
-pub trait BmcCapabilityStore: Send + Sync {
-    /// Insert or replace the record of a machine's BMC, with its event, in one transaction.
-    async fn put_bmc_capabilities(
-        &self,
-        rec: &CapabilityRecord,
-        event: &NewEvent,
-    ) -> Result<(), StoreError>;
-
-    /// The record of a machine's BMC, if one was ever probed.
-    async fn bmc_capabilities(&self, id: MachineId)
-        -> Result<Option<CapabilityRecord>, StoreError>;
-}
+use super::error::ServiceError;
+use super::inventory::Inventory;
+use super::ports::NewEvent;
+use crate::domain::{self, Disk, Interface, MacAddr, Machine, MachineId, MachineRef, UniqueKey};
 
 /// A power state as the API shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -216,10 +177,6 @@ impl BmcService {
         }
     }
 
-    fn store(&self) -> &Arc<dyn InventoryStore> {
-        self.inner.inventory.store()
-    }
-
     /// The machine named by `reference` (id or host name) and a client for its BMC.
     async fn client(&self, reference: &str) -> Result<(Machine, Arc<dyn Bmc>), ServiceError> {
         let m = self.inner.inventory.resolve(reference).await?;
@@ -282,7 +239,7 @@ impl BmcService {
             actor: actor.into(),
             detail,
         };
-        if let Err(e) = self.store().append_event(&ev).await {
+        if let Err(e) = self.inner.inventory.append_event(&ev).await {
             tracing::error!(machine = %m.id, kind, error = %e, "cannot record BMC event");
         }
     }
@@ -473,7 +430,7 @@ impl BmcService {
         let mut attempt = 0;
         let (updated, merge) = loop {
             attempt += 1;
-            let owners = self.store().owners(&inspected_keys(&hw)).await?;
+            let owners = self.inner.inventory.owners(&inspected_keys(&hw)).await?;
             let merge = merge_inspection(&machine, &hw, &owners);
             if merge.patch.is_empty() {
                 break (machine, merge);

@@ -30,23 +30,16 @@ use super::ports::talos_api::{
     BootstrapOptions, ClusterCheck, ClusterNodes, EtcdMember, ServiceStatus, StatusCode, TalosApi,
     TalosApiError, TalosApiFailure, TalosCredentials, TalosNode,
 };
-use super::ports::talos_state::{BootstrapRecord, BootstrapState, NodeVerification};
-use super::store::{InventoryStore, MachineFilter, NewEvent};
-use super::{ClusterSecretInput, ConfigService, ServiceError};
+use super::ports::talos_state::{
+    BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
+};
+use super::ports::{EventStore, MachineFilter, MachineStore, NewEvent};
+use super::{ClusterSecretInput, ConfigService, MachineConfigError, ServiceError};
 use crate::domain::{LifecycleState, Machine, MachineId, Role};
 use crate::talos::pki::{self, CaPem};
 use crate::talos::secrets::SecretsBundle;
 
-/// How a cluster is bootstrapped (`bootstrap:` of a Cluster in the inventory directory).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum BootstrapMode {
-    /// Plinth bootstraps the first verified control plane (the default).
-    #[default]
-    Auto,
-    /// Plinth waits for `plinth cluster bootstrap`.
-    Manual,
-}
+pub use super::ports::configs::BootstrapMode;
 
 /// Knobs of the cluster use cases.
 #[derive(Clone, Debug)]
@@ -224,7 +217,9 @@ struct Gauges {
 /// The cluster use cases.
 #[derive(Clone)]
 pub struct Clusters {
-    store: Arc<dyn InventoryStore>,
+    machines: Arc<dyn MachineStore>,
+    events: Arc<dyn EventStore>,
+    state: Arc<dyn TalosStateStore>,
     configs: ConfigService,
     api: Arc<dyn TalosApi>,
     settings: ClusterSettings,
@@ -296,15 +291,20 @@ fn node_address(m: &Machine, verified: Option<&NodeVerification>) -> Option<IpAd
 }
 
 impl Clusters {
-    /// Over the store, the declared clusters and a Talos API client.
+    /// Over the machines, the event log, the Talos API's state, the declared clusters and a
+    /// Talos API client.
     pub fn new(
-        store: Arc<dyn InventoryStore>,
+        machines: Arc<dyn MachineStore>,
+        events: Arc<dyn EventStore>,
+        state: Arc<dyn TalosStateStore>,
         configs: ConfigService,
         api: Arc<dyn TalosApi>,
         settings: ClusterSettings,
     ) -> Self {
         Clusters {
-            store,
+            machines,
+            events,
+            state,
             configs,
             api,
             settings,
@@ -350,7 +350,7 @@ impl Clusters {
     async fn cas(&self, cluster: &str) -> Result<(CaPem, CaPem), ServiceError> {
         let input = self.secret_input(cluster).await?;
         cas(&input).map_err(|e| {
-            ServiceError::Config(super::ConfigError::Secrets(format!(
+            ServiceError::Config(MachineConfigError::Secrets(format!(
                 "cluster {cluster}: {e}"
             )))
         })
@@ -374,7 +374,7 @@ impl Clusters {
         }
         let (os, _) = self.cas(cluster).await?;
         let issued = pki::talos_client_cert(&os, role, now, self.settings.cert_ttl)
-            .map_err(|e| ServiceError::Config(super::ConfigError::Secrets(e.to_string())))?;
+            .map_err(|e| ServiceError::Config(MachineConfigError::Secrets(e.to_string())))?;
         let c = Arc::new(TalosCredentials {
             ca_pem: issued.ca_pem,
             cert_pem: issued.cert_pem,
@@ -451,7 +451,7 @@ impl Clusters {
             cert_sha256: v.cert_sha256.clone(),
             verified_at: Utc::now(),
         };
-        self.store
+        self.state
             .record_verification(
                 &rec,
                 &event(
@@ -477,7 +477,7 @@ impl Clusters {
             ..Default::default()
         };
         loop {
-            let page = self.store.list_machines(&filter).await?;
+            let page = self.machines.list_machines(&filter).await?;
             out.extend(page.items);
             match page.next_cursor.and_then(|c| c.parse().ok()) {
                 Some(n) => filter.after = Some(n),
@@ -489,7 +489,7 @@ impl Clusters {
 
     async fn verifications(&self) -> Result<HashMap<MachineId, NodeVerification>, ServiceError> {
         Ok(self
-            .store
+            .state
             .verifications()
             .await?
             .into_iter()
@@ -502,7 +502,7 @@ impl Clusters {
         &self,
         cluster: &str,
     ) -> Result<Option<BootstrapRecord>, ServiceError> {
-        Ok(self.store.cluster_bootstrap(cluster).await?)
+        Ok(self.state.cluster_bootstrap(cluster).await?)
     }
 
     /// Bootstrap `cluster` by hand (`plinth cluster bootstrap`), on `node` (a host name, id or
@@ -515,7 +515,7 @@ impl Clusters {
     ) -> Result<BootstrapRecord, BootstrapError> {
         self.declared_version(cluster).await?;
         if let Some(r) = self
-            .store
+            .state
             .cluster_bootstrap(cluster)
             .await
             .map_err(ServiceError::from)?
@@ -594,7 +594,7 @@ impl Clusters {
             "instance": claim.instance, "attempt_id": claim.attempt_id,
         });
         if let Some(existing) = self
-            .store
+            .state
             .claim_bootstrap(
                 &claim,
                 &event(
@@ -622,7 +622,7 @@ impl Clusters {
         let done = |text: String| {
             let claim = claim.clone();
             async move {
-                self.store
+                self.state
                     .finish_bootstrap(
                         cluster,
                         claim.attempt_id,
@@ -671,7 +671,7 @@ impl Clusters {
                         )
                     ) =>
             {
-                self.store
+                self.state
                     .release_bootstrap(
                         cluster,
                         claim.attempt_id,
@@ -688,7 +688,7 @@ impl Clusters {
                 Err(BootstrapError::Refused(e))
             }
             Err(e) => {
-                self.store
+                self.events
                     .append_event(&event(
                         Some(m.id),
                         "cluster.bootstrap_unknown",
@@ -712,7 +712,7 @@ impl Clusters {
             if rec.spec.bootstrap.unwrap_or_default() != BootstrapMode::Auto {
                 continue;
             }
-            if self.store.cluster_bootstrap(name).await?.is_some() {
+            if self.state.cluster_bootstrap(name).await?.is_some() {
                 continue;
             }
             if verified.is_none() {
@@ -740,7 +740,7 @@ impl Clusters {
                     finished_at: Some(now),
                     detail: Some(format!("etcd already runs with {members} member(s)")),
                 };
-                self.store
+                self.state
                     .claim_bootstrap(
                         &found,
                         &event(
@@ -816,12 +816,11 @@ impl Clusters {
             pki::PkiError::Role(_) => ServiceError::Invalid(crate::domain::ValidationErrors(vec![
                 crate::domain::validate::FieldError::new("role", e.to_string()),
             ])),
-            other => ServiceError::Config(super::ConfigError::Secrets(other.to_string())),
+            other => ServiceError::Config(MachineConfigError::Secrets(other.to_string())),
         })?;
         let text = pki::talosconfig(cluster, &cps, &nodes, &cert)
-            .map_err(|e| ServiceError::Config(super::ConfigError::Secrets(e.to_string())))?;
-        self.store
-            .append_event(&event(
+            .map_err(|e| ServiceError::Config(MachineConfigError::Secrets(e.to_string())))?;
+        self.events.append_event(&event(
                 None,
                 "cluster.talosconfig",
                 actor,
@@ -847,11 +846,10 @@ impl Clusters {
             .map(|c| c.spec.endpoint.clone())
             .ok_or_else(|| ServiceError::NotFound(format!("cluster {cluster}")))?;
         let cert = pki::kubernetes_admin_cert(&k8s, Utc::now(), ttl)
-            .map_err(|e| ServiceError::Config(super::ConfigError::Secrets(e.to_string())))?;
+            .map_err(|e| ServiceError::Config(MachineConfigError::Secrets(e.to_string())))?;
         let text = pki::kubeconfig(cluster, &endpoint, &cert)
-            .map_err(|e| ServiceError::Config(super::ConfigError::Secrets(e.to_string())))?;
-        self.store
-            .append_event(&event(
+            .map_err(|e| ServiceError::Config(MachineConfigError::Secrets(e.to_string())))?;
+        self.events.append_event(&event(
                 None,
                 "cluster.kubeconfig",
                 actor,
@@ -988,7 +986,7 @@ impl Clusters {
             }
             None => None,
         };
-        let mut bootstrap = self.store.cluster_bootstrap(cluster).await?;
+        let mut bootstrap = self.state.cluster_bootstrap(cluster).await?;
         // A claim of unknown outcome whose node now runs etcd: it happened.
         if let Some(b) = &bootstrap {
             if b.state == BootstrapState::Calling {
@@ -1000,7 +998,7 @@ impl Clusters {
                     let now = Utc::now();
                     let text = "etcd found running on the node after the call";
                     if self
-                        .store
+                        .state
                         .finish_bootstrap(
                             cluster,
                             b.attempt_id,
@@ -1016,7 +1014,7 @@ impl Clusters {
                         )
                         .await?
                     {
-                        bootstrap = self.store.cluster_bootstrap(cluster).await?;
+                        bootstrap = self.state.cluster_bootstrap(cluster).await?;
                     }
                 }
             }
@@ -1031,8 +1029,8 @@ impl Clusters {
             bootstrap,
         };
         let json = serde_json::to_string(&health)
-            .map_err(|e| ServiceError::Store(super::StoreError::Backend(e.to_string())))?;
-        self.store
+            .map_err(|e| ServiceError::Store(super::ports::StoreError::Backend(e.to_string())))?;
+        self.state
             .put_health(cluster, &json, health.checked_at)
             .await?;
         let label = ClusterLabel {
@@ -1058,7 +1056,7 @@ impl Clusters {
     /// The last stored health of `cluster`, if any.
     pub async fn last_health(&self, cluster: &str) -> Result<Option<ClusterHealth>, ServiceError> {
         Ok(self
-            .store
+            .state
             .cluster_health(cluster)
             .await?
             .and_then(|(json, _)| serde_json::from_str(&json).ok()))

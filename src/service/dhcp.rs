@@ -14,8 +14,7 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 
-use super::leases::{Lease, LeaseClaim, LeaseState, LeaseStore};
-use super::StoreError;
+use super::ports::{Lease, LeaseClaim, LeaseState, LeaseStore, StoreError};
 use crate::domain::dhcp::{select_subnet, BootAnswer, BootClient, BootFiles, Subnet, SubnetMode};
 use crate::domain::MacAddr;
 

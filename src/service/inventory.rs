@@ -1,19 +1,25 @@
 //! The inventory use cases: register, edit (optimistic concurrency), remove, look up, list and bulk
 //! import machines. Every mutation writes an event with the before/after of the changed fields;
 //! BMC passwords are sealed here before they reach a store and never leave it in clear.
+//!
+//! Takes the machines, events, configs (a machine leaving `provisioning` closes its window) and
+//! store-health ports; imports `domain` and nothing from `store` or the front doors.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::error::ServiceError;
+use super::ports::{
+    ConfigStore, Event, EventFilter, EventStore, MachineFilter, MachinePage, MachineRecord,
+    MachineStore, NewEvent, PasswordChange, StoreError, StoreHealth,
+};
 use super::secrets::SecretBox;
-use super::store::*;
-use super::ServiceError;
 use crate::domain::import::{ParsedRow, RowError as DomainRowError};
 use crate::domain::{
-    spec_diff, unique_keys, LifecycleState, Machine, MachineId, MachineSpec, UniqueKey,
-    ValidationErrors,
+    spec_diff, unique_keys, Conflict, LifecycleState, Machine, MachineId, MachineRef, MachineSpec,
+    UniqueKey, ValidationErrors,
 };
 
 pub use crate::domain::import::RowError;
@@ -27,7 +33,10 @@ const READ_ONLY: &[&str] = &["id", "state", "state_reason", "created_at", "updat
 /// The inventory service.
 #[derive(Clone)]
 pub struct Inventory {
-    store: Arc<dyn InventoryStore>,
+    machines: Arc<dyn MachineStore>,
+    events: Arc<dyn EventStore>,
+    configs: Arc<dyn ConfigStore>,
+    health: Arc<dyn StoreHealth>,
     secrets: SecretBox,
 }
 
@@ -36,14 +45,27 @@ fn password_context(id: MachineId) -> String {
 }
 
 impl Inventory {
-    /// A service over `store`, sealing secrets with `secrets`.
-    pub fn new(store: Arc<dyn InventoryStore>, secrets: SecretBox) -> Self {
-        Self { store, secrets }
+    /// A service over the machines, the event log, the provisioning windows (`configs`) and the
+    /// database's health, sealing secrets with `secrets`.
+    pub fn new(
+        machines: Arc<dyn MachineStore>,
+        events: Arc<dyn EventStore>,
+        configs: Arc<dyn ConfigStore>,
+        health: Arc<dyn StoreHealth>,
+        secrets: SecretBox,
+    ) -> Self {
+        Self {
+            machines,
+            events,
+            configs,
+            health,
+            secrets,
+        }
     }
 
-    /// The underlying store.
-    pub fn store(&self) -> &Arc<dyn InventoryStore> {
-        &self.store
+    /// Is the database reachable?
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.health.ping().await
     }
 
     /// Turn a validated spec into a store record, sealing the password.
@@ -70,7 +92,7 @@ impl Inventory {
     ) -> Result<Vec<Conflict>, ServiceError> {
         let keys = unique_keys(spec);
         let plain: Vec<UniqueKey> = keys.iter().map(|(_, k)| k.clone()).collect();
-        let owners = self.store.owners(&plain).await?;
+        let owners = self.machines.owners(&plain).await?;
         let mut out = Vec::new();
         for (field, key) in keys {
             for (k, owner) in &owners {
@@ -131,7 +153,7 @@ impl Inventory {
             detail: json!({"state": state, "changes": spec_diff(None, Some(&spec))}),
         };
         let rec = self.record(id, spec.clone());
-        match self.store.create_machine(id, state, &rec, &event).await {
+        match self.machines.create_machine(id, state, &rec, &event).await {
             Ok(m) => Ok(m),
             Err(e) => Err(self.explain(e, &spec, None).await),
         }
@@ -139,7 +161,7 @@ impl Inventory {
 
     /// One machine by id.
     pub async fn get(&self, id: MachineId) -> Result<Machine, ServiceError> {
-        self.store
+        self.machines
             .get_machine(id)
             .await?
             .ok_or_else(|| ServiceError::NotFound(format!("machine {id}")))
@@ -148,12 +170,12 @@ impl Inventory {
     /// One machine by id (UUID text) or host name.
     pub async fn resolve(&self, reference: &str) -> Result<Machine, ServiceError> {
         if let Ok(id) = reference.parse::<MachineId>() {
-            if let Some(m) = self.store.get_machine(id).await? {
+            if let Some(m) = self.machines.get_machine(id).await? {
                 return Ok(m);
             }
         }
         let host = reference.trim().to_ascii_lowercase();
-        self.store
+        self.machines
             .find_machine(&UniqueKey::Hostname(host))
             .await?
             .ok_or_else(|| ServiceError::NotFound(format!("machine {reference}")))
@@ -161,7 +183,7 @@ impl Inventory {
 
     /// One machine by a unique value.
     pub async fn lookup(&self, key: &UniqueKey) -> Result<Machine, ServiceError> {
-        self.store
+        self.machines
             .find_machine(key)
             .await?
             .ok_or_else(|| ServiceError::NotFound(format!("machine with {key}")))
@@ -169,7 +191,7 @@ impl Inventory {
 
     /// A page of machines.
     pub async fn list(&self, filter: &MachineFilter) -> Result<MachinePage, ServiceError> {
-        Ok(self.store.list_machines(filter).await?)
+        Ok(self.machines.list_machines(filter).await?)
     }
 
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
@@ -248,7 +270,11 @@ impl Inventory {
             detail: json!({"version": current.version + 1, "changes": spec_diff(Some(&before), Some(&spec))}),
         };
         let rec = self.record(id, spec.clone());
-        match self.store.update_machine(id, expected, &rec, &event).await {
+        match self
+            .machines
+            .update_machine(id, expected, &rec, &event)
+            .await
+        {
             Ok(m) => Ok(m),
             Err(e) => Err(self.explain(e, &spec, Some(id)).await),
         }
@@ -275,7 +301,7 @@ impl Inventory {
             actor: actor.into(),
             detail: json!({"name": current.display_name(), "changes": spec_diff(Some(&current.spec()), None)}),
         };
-        Ok(self.store.delete_machine(id, expected, &event).await?)
+        Ok(self.machines.delete_machine(id, expected, &event).await?)
     }
 
     /// Import many machines as one transaction. Every bad row is reported (line, field, message) and
@@ -319,7 +345,7 @@ impl Inventory {
         let plain: Vec<UniqueKey> = all_keys.iter().map(|(_, _, k)| k.clone()).collect();
         let mut owners: HashMap<UniqueKey, MachineRef> = HashMap::new();
         for chunk in plain.chunks(2000) {
-            owners.extend(self.store.owners(chunk).await?);
+            owners.extend(self.machines.owners(chunk).await?);
         }
         for (line, field, key) in &all_keys {
             if let Some(owner) = owners.get(key) {
@@ -345,7 +371,7 @@ impl Inventory {
             })
             .collect();
         let ids = records.iter().map(|(id, _)| *id).collect();
-        match self.store.import_machines(&records, actor).await {
+        match self.machines.import_machines(&records, actor).await {
             Ok(()) => Ok(ids),
             Err(StoreError::Conflict(_)) => Err(ServiceError::ImportRejected(vec![RowError {
                 line: 0,
@@ -404,7 +430,7 @@ impl Inventory {
             detail: json!({"from": current.state, "to": to, "reason": reason}),
         };
         let m = self
-            .store
+            .machines
             .set_state(
                 id,
                 Some(current.version),
@@ -436,7 +462,7 @@ impl Inventory {
                 detail: json!({ "reason": reason }),
             };
             if let Err(e) = self
-                .store
+                .configs
                 .close_window(id, chrono::Utc::now(), &reason, &close)
                 .await
             {
@@ -448,7 +474,7 @@ impl Inventory {
 
     /// The BMC password of a machine, decrypted, for the Redfish client only.
     pub async fn bmc_password(&self, id: MachineId) -> Result<Option<String>, ServiceError> {
-        let Some(sealed) = self.store.bmc_password(id).await? else {
+        let Some(sealed) = self.machines.bmc_password(id).await? else {
             return Ok(None);
         };
         let plain = self
@@ -460,7 +486,25 @@ impl Inventory {
 
     /// Events, oldest first.
     pub async fn events(&self, filter: &EventFilter) -> Result<Vec<Event>, ServiceError> {
-        Ok(self.store.list_events(filter).await?)
+        Ok(self.events.list_events(filter).await?)
+    }
+
+    /// The id of the newest event (0 when there is none): where a live event stream starts.
+    pub async fn last_event_id(&self) -> Result<i64, ServiceError> {
+        Ok(self.events.last_event_id().await?)
+    }
+
+    /// Append an event.
+    pub async fn append_event(&self, event: &NewEvent) -> Result<(), ServiceError> {
+        Ok(self.events.append_event(event).await?)
+    }
+
+    /// The machines that hold any of these unique values.
+    pub async fn owners(
+        &self,
+        keys: &[UniqueKey],
+    ) -> Result<Vec<(UniqueKey, MachineRef)>, ServiceError> {
+        Ok(self.machines.owners(keys).await?)
     }
 }
 

@@ -5,7 +5,8 @@
 //! front door never waits for the database, and when the queue is full a step is dropped and
 //! counted rather than slowing a boot.
 //!
-//! Imports `domain` and the rest of `service` only.
+//! Takes the machines, leases and events ports; imports `domain` and nothing from `store` or the
+//! front doors.
 
 use std::net::Ipv4Addr;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::store::{InventoryStore, NewEvent};
+use super::ports::{EventStore, LeaseStore, MachineStore, NewEvent};
 use crate::domain::{MacAddr, UniqueKey};
 
 /// One step of a boot.
@@ -45,11 +46,21 @@ impl std::fmt::Debug for Timeline {
 }
 
 impl Timeline {
-    /// Start the writer over `store`; it stops when `stop` is cancelled (after writing what is
-    /// queued).
-    pub fn start(store: Arc<dyn InventoryStore>, stop: CancellationToken) -> Timeline {
+    /// Start the writer, which finds a step's machine through `machines` and `leases` and writes
+    /// the steps to `events`; it stops when `stop` is cancelled (after writing what is queued).
+    pub fn start(
+        machines: Arc<dyn MachineStore>,
+        leases: Arc<dyn LeaseStore>,
+        events: Arc<dyn EventStore>,
+        stop: CancellationToken,
+    ) -> Timeline {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(writer(store, rx, stop));
+        let ports = Ports {
+            machines,
+            leases,
+            events,
+        };
+        tokio::spawn(writer(ports, rx, stop));
         Timeline {
             tx,
             dropped: Counter::default(),
@@ -78,26 +89,32 @@ impl Timeline {
     }
 }
 
+/// What the writer reads and writes: machines and leases to find a step's machine, the event log
+/// to write the steps to.
+struct Ports {
+    machines: Arc<dyn MachineStore>,
+    leases: Arc<dyn LeaseStore>,
+    events: Arc<dyn EventStore>,
+}
+
 /// Steps queued for the writer at most (a boot storm of 1,000 machines makes some 10,000 within
 /// half a minute).
 const QUEUE: usize = 65_536;
 
-async fn machine_of(
-    store: &Arc<dyn InventoryStore>,
-    step: &Step,
-) -> Option<crate::domain::MachineId> {
+async fn machine_of(store: &Ports, step: &Step) -> Option<crate::domain::MachineId> {
     let mut mac = step.mac;
     if mac.is_none() {
         if let Some(ip) = step.ip {
-            if let Ok(Some(l)) = store.lease_by_ip(ip).await {
+            if let Ok(Some(l)) = store.leases.lease_by_ip(ip).await {
                 mac = Some(l.mac);
-            } else if let Ok(Some(m)) = store.find_machine(&UniqueKey::Ipv4(ip)).await {
+            } else if let Ok(Some(m)) = store.machines.find_machine(&UniqueKey::Ipv4(ip)).await {
                 return Some(m.id);
             }
         }
     }
     let mac = mac?;
     store
+        .machines
         .find_machine(&UniqueKey::Mac(mac))
         .await
         .ok()
@@ -122,11 +139,7 @@ type Remembered<K> =
 impl MachineCache {
     const TTL: Duration = Duration::from_secs(10);
 
-    async fn machine_of(
-        &mut self,
-        store: &Arc<dyn InventoryStore>,
-        step: &Step,
-    ) -> Option<crate::domain::MachineId> {
+    async fn machine_of(&mut self, store: &Ports, step: &Step) -> Option<crate::domain::MachineId> {
         let Some(mac) = step.mac else {
             let ip = step.ip?;
             if let Some(id) = Self::fresh(&self.by_ip, &ip) {
@@ -172,11 +185,7 @@ impl MachineCache {
     }
 }
 
-async fn writer(
-    store: Arc<dyn InventoryStore>,
-    mut rx: mpsc::Receiver<Step>,
-    stop: CancellationToken,
-) {
+async fn writer(store: Ports, mut rx: mpsc::Receiver<Step>, stop: CancellationToken) {
     let mut cache = MachineCache {
         map: std::collections::HashMap::new(),
         by_ip: std::collections::HashMap::new(),
@@ -213,7 +222,7 @@ async fn writer(
                 detail,
             });
         }
-        write_batch(&store, &events).await;
+        write_batch(&store.events, &events).await;
     }
 }
 
@@ -221,7 +230,7 @@ async fn writer(
 /// single SQLite writer that DHCP's lease commits wait for (a boot storm of 1,000 machines makes
 /// some 7,000 steps). A batch that fails is retried one event at a time, so one bad event does
 /// not lose the others.
-async fn write_batch(store: &Arc<dyn InventoryStore>, events: &[NewEvent]) {
+async fn write_batch(store: &Arc<dyn EventStore>, events: &[NewEvent]) {
     if events.is_empty() || store.append_events(events).await.is_ok() {
         return;
     }

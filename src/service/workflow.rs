@@ -20,173 +20,25 @@
 //! workers per rack. After the steps, `tick` lets `clusters` bootstrap clusters that wait for it
 //! and measure their health when due.
 //!
-//! Imports `domain` and the rest of `service`; nothing from `store`, `http` or `bmc`.
+//! Takes the reinstalls and events ports and the inventory, config and BMC use cases; imports
+//! `domain` and nothing from `store`, `http` or `bmc`.
 
-use async_trait::async_trait;
 use chrono::{DateTime, Duration, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use super::bmc::{BootTarget, PowerAction};
+use std::sync::Arc;
+
+use super::bmc::BmcService;
 use super::clusters::{Clusters, Verification};
-use super::store::{EventFilter, MachineFilter, NewEvent, StoreError};
-use super::{BmcService, ConfigService, Inventory, ServiceError};
+use super::error::ServiceError;
+use super::inventory::Inventory;
+use super::machine_config::ConfigService;
+use super::ports::bmc::{BootTarget, PowerAction};
+use super::ports::{
+    Event, EventFilter, EventStore, MachineFilter, NewEvent, Reinstall, ReinstallPolicy,
+    ReinstallStore, Stage,
+};
 use crate::domain::{LifecycleState, Machine, MachineId, Role};
-
-/// Stage of a reinstall.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Stage {
-    /// Set a one-time network boot and power-cycle.
-    Power,
-    /// Wait for the machine to fetch its install script.
-    Netboot,
-    /// Wait for the machine to fetch its config.
-    Config,
-    /// Wait for the Talos API to answer.
-    TalosApi,
-    /// Installed.
-    Done,
-    /// Failed (see `error`).
-    Failed,
-}
-
-impl Stage {
-    /// The database spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stage::Power => "power",
-            Stage::Netboot => "netboot",
-            Stage::Config => "config",
-            Stage::TalosApi => "talos_api",
-            Stage::Done => "done",
-            Stage::Failed => "failed",
-        }
-    }
-
-    /// Still running.
-    pub fn is_active(self) -> bool {
-        !matches!(self, Stage::Done | Stage::Failed)
-    }
-}
-
-impl std::str::FromStr for Stage {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Ok(match s {
-            "power" => Stage::Power,
-            "netboot" => Stage::Netboot,
-            "config" => Stage::Config,
-            "talos_api" => Stage::TalosApi,
-            "done" => Stage::Done,
-            "failed" => Stage::Failed,
-            other => return Err(format!("`{other}` is not a reinstall stage")),
-        })
-    }
-}
-
-/// A machine's current (or last) reinstall.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-pub struct Reinstall {
-    /// The machine.
-    pub machine_id: MachineId,
-    /// Where it is.
-    pub stage: Stage,
-    /// When the stage began.
-    pub stage_started_at: DateTime<Utc>,
-    /// When the stage fails if nothing happened.
-    pub stage_deadline: DateTime<Utc>,
-    /// Wipe the system disk on the install boot.
-    pub wipe: bool,
-    /// Started by the scheduler (automatic reinstall) rather than a person.
-    pub automatic: bool,
-    /// Attempt number in a chain of automatic reinstalls (1 for manual ones).
-    pub attempt: u32,
-    /// Events after this id belong to this reinstall.
-    #[serde(skip)]
-    pub event_mark: i64,
-    /// Address the config was fetched from: where the Talos API is expected.
-    pub node_address: Option<String>,
-    /// Who asked.
-    pub requested_by: String,
-    /// Started at.
-    pub started_at: DateTime<Utc>,
-    /// Finished at.
-    pub finished_at: Option<DateTime<Utc>>,
-    /// Why it failed.
-    pub error: Option<String>,
-}
-
-/// What the workflows need from a database.
-#[async_trait]
-pub trait ReinstallStore: Send + Sync {
-    /// A machine's current or last reinstall.
-    async fn reinstall(&self, id: MachineId) -> Result<Option<Reinstall>, StoreError>;
-    /// Every running reinstall.
-    async fn active_reinstalls(&self) -> Result<Vec<Reinstall>, StoreError>;
-    /// Start one (replacing the machine's finished one), with its event; false when one is
-    /// already running for the machine.
-    async fn start_reinstall(&self, r: &Reinstall, event: &NewEvent) -> Result<bool, StoreError>;
-    /// Move one on, only if it is still at `from` (compare-and-set), with its event.
-    async fn advance_reinstall(
-        &self,
-        r: &Reinstall,
-        from: Stage,
-        event: &NewEvent,
-    ) -> Result<bool, StoreError>;
-    /// The id of the newest event (0 when there is none).
-    async fn last_event_id(&self) -> Result<i64, StoreError>;
-}
-
-/// Per-cluster reinstall policy (`reinstall:` of a Cluster in the inventory directory).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct ReinstallPolicy {
-    /// Reinstall failed machines automatically (off by default).
-    #[serde(default)]
-    pub auto: bool,
-    /// Automatic attempts before the machine is left failed for a human.
-    #[serde(default = "default_attempts")]
-    pub max_attempts: u32,
-    /// Back-off before the first automatic attempt, doubled for each further one, seconds.
-    #[serde(default = "default_backoff")]
-    pub backoff_seconds: u64,
-    /// Workers of one rack reinstalled at once (manual or automatic).
-    #[serde(default = "default_workers_per_rack")]
-    pub max_workers_per_rack: u32,
-}
-
-fn default_attempts() -> u32 {
-    3
-}
-fn default_backoff() -> u64 {
-    300
-}
-fn default_workers_per_rack() -> u32 {
-    1
-}
-
-impl ReinstallPolicy {
-    /// How long after the last failure automatic attempt `attempt` (1-based) may start:
-    /// `backoffSeconds` before the first, doubled for each further one, at most a century (in
-    /// range of any date arithmetic: it means "not in this machine's lifetime").
-    pub fn backoff_before(&self, attempt: u32) -> Duration {
-        const CENTURY: i64 = 100 * 366 * 24 * 3600;
-        let factor = 1u64 << attempt.saturating_sub(1).min(16);
-        let secs = self.backoff_seconds.saturating_mul(factor);
-        Duration::seconds(i64::try_from(secs).unwrap_or(CENTURY).min(CENTURY))
-    }
-}
-
-impl Default for ReinstallPolicy {
-    fn default() -> Self {
-        ReinstallPolicy {
-            auto: false,
-            max_attempts: default_attempts(),
-            backoff_seconds: default_backoff(),
-            max_workers_per_rack: default_workers_per_rack(),
-        }
-    }
-}
 
 /// Deadlines and knobs of the workflows (`[workflows]` in the config).
 #[derive(Clone, Debug)]
@@ -242,6 +94,8 @@ pub struct Workflows {
     inventory: Inventory,
     configs: ConfigService,
     bmc: BmcService,
+    reinstalls: Arc<dyn ReinstallStore>,
+    events: Arc<dyn EventStore>,
     clusters: Clusters,
     settings: WorkflowSettings,
     measured: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, DateTime<Utc>>>>,
@@ -266,11 +120,14 @@ fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> N
 }
 
 impl Workflows {
-    /// Over the inventory, configs, BMCs and clusters (the Talos API).
+    /// Over the inventory, configs and BMCs, the reinstall rows, the event log and the clusters
+    /// (the Talos API).
     pub fn new(
         inventory: Inventory,
         configs: ConfigService,
         bmc: BmcService,
+        reinstalls: Arc<dyn ReinstallStore>,
+        events: Arc<dyn EventStore>,
         clusters: Clusters,
         settings: WorkflowSettings,
     ) -> Self {
@@ -278,6 +135,8 @@ impl Workflows {
             inventory,
             configs,
             bmc,
+            reinstalls,
+            events,
             clusters,
             settings,
             measured: std::sync::Arc::default(),
@@ -287,10 +146,6 @@ impl Workflows {
     /// The cluster use cases.
     pub fn clusters(&self) -> &Clusters {
         &self.clusters
-    }
-
-    fn store(&self) -> &std::sync::Arc<dyn super::InventoryStore> {
-        self.inventory.store()
     }
 
     /// The reinstall policy of a machine's cluster.
@@ -315,7 +170,7 @@ impl Workflows {
             ..Default::default()
         };
         loop {
-            let page = self.store().list_machines(&filter).await?;
+            let page = self.inventory.list(&filter).await?;
             out.extend(page.items);
             match page.next_cursor.and_then(|c| c.parse().ok()) {
                 Some(n) => filter.after = Some(n),
@@ -428,7 +283,7 @@ impl Workflows {
         attempt: u32,
     ) -> Result<Started, ServiceError> {
         let m = self.inventory.get(id).await?;
-        if let Some(r) = self.store().reinstall(id).await? {
+        if let Some(r) = self.reinstalls.reinstall(id).await? {
             if r.stage.is_active() {
                 return Err(ServiceError::Busy(format!(
                     "a reinstall of {} is already running (stage {})",
@@ -444,13 +299,13 @@ impl Workflows {
             });
         }
         self.safety(&m).await.map_err(ServiceError::Busy)?;
-        let mark = self.store().last_event_id().await?;
+        let mark = self.events.last_event_id().await?;
         self.configs
             .open_window(&self.inventory, id, self.settings.window, wipe, actor)
             .await
             .map_err(|e| match e {
-                super::config::OpenError::Service(s) => s,
-                super::config::OpenError::Config(c) => ServiceError::from(c),
+                super::machine_config::OpenError::Service(s) => s,
+                super::machine_config::OpenError::Config(c) => ServiceError::from(c),
             })?;
         let now = Utc::now();
         let r = Reinstall {
@@ -474,7 +329,7 @@ impl Workflows {
             actor,
             serde_json::json!({"wipe": wipe, "automatic": automatic, "attempt": attempt}),
         );
-        if !self.store().start_reinstall(&r, &ev).await? {
+        if !self.reinstalls.start_reinstall(&r, &ev).await? {
             return Err(ServiceError::Busy(format!(
                 "a reinstall of {} is already running",
                 m.display_name()
@@ -494,13 +349,13 @@ impl Workflows {
 
     /// A machine's current or last reinstall.
     pub async fn status(&self, id: MachineId) -> Result<Option<Reinstall>, ServiceError> {
-        Ok(self.store().reinstall(id).await?)
+        Ok(self.reinstalls.reinstall(id).await?)
     }
 
     /// Move every running reinstall on, then let the scheduler start automatic ones. Called
     /// periodically by the server; safe to call from several instances at once.
     pub async fn tick(&self) -> Result<(), ServiceError> {
-        for r in self.store().active_reinstalls().await? {
+        for r in self.reinstalls.active_reinstalls().await? {
             if let Err(e) = self.step(r.clone()).await {
                 tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %e, "reinstall step failed");
             }
@@ -563,7 +418,7 @@ impl Workflows {
             detail,
         );
         Ok(self
-            .store()
+            .reinstalls
             .advance_reinstall(&next, r.stage, &ev)
             .await?
             .then_some(next))
@@ -606,9 +461,9 @@ impl Workflows {
         Ok(())
     }
 
-    async fn seen(&self, r: &Reinstall, kind: &str) -> Result<Vec<super::Event>, ServiceError> {
+    async fn seen(&self, r: &Reinstall, kind: &str) -> Result<Vec<Event>, ServiceError> {
         Ok(self
-            .store()
+            .events
             .list_events(&EventFilter {
                 machine_id: Some(r.machine_id),
                 kind_prefix: Some(kind.to_string()),
@@ -661,7 +516,7 @@ impl Workflows {
                     return Ok(());
                 };
                 if m.bmc.is_none() {
-                    self.store()
+                    self.events
                         .append_event(&event(
                             m.id,
                             "reinstall.power_cycle_needed",
@@ -706,7 +561,7 @@ impl Workflows {
                     .await;
                     if let Err(e) = result {
                         // Only if the reinstall is still where this power-cycle left it.
-                        let current = this.store().reinstall(next.machine_id).await;
+                        let current = this.reinstalls.reinstall(next.machine_id).await;
                         if let Ok(Some(cur)) = current {
                             if cur.stage == next.stage
                                 && cur.stage_started_at == next.stage_started_at
@@ -805,7 +660,7 @@ impl Workflows {
             ..Default::default()
         };
         loop {
-            let page = self.store().list_machines(&filter).await?;
+            let page = self.inventory.list(&filter).await?;
             failed.extend(page.items);
             match page.next_cursor.and_then(|c| c.parse().ok()) {
                 Some(n) => filter.after = Some(n),
@@ -831,7 +686,7 @@ impl Workflows {
             if !policy.auto {
                 continue;
             }
-            let last = self.store().reinstall(m.id).await?;
+            let last = self.reinstalls.reinstall(m.id).await?;
             let (attempts, since) = match &last {
                 Some(r) if r.stage.is_active() => continue,
                 Some(r) if r.automatic && r.stage == Stage::Failed => {

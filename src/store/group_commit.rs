@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{MacAddr, MachineId};
-use crate::service::{LeaseClaim, LeaseState, NewEvent, ServedConfig, StoreError};
+use crate::service::ports::{LeaseClaim, LeaseState, NewEvent, ServedConfig, StoreError};
 
 /// Most writes committed together. Bounds one transaction's time and the latency the first
 /// waiter of a batch pays for the others.
@@ -36,15 +36,15 @@ const QUEUE: usize = 4096;
 /// One write.
 #[derive(Clone, Debug)]
 pub(crate) enum WriteOp {
-    /// `InventoryStore::append_event`.
+    /// `EventStore::append_event`.
     Event(NewEvent),
-    /// `InventoryStore::set_window_token`.
+    /// `ConfigStore::set_window_token`.
     WindowToken {
         id: MachineId,
         token_sha256: String,
         now: chrono::DateTime<chrono::Utc>,
     },
-    /// `InventoryStore::record_served`.
+    /// `ConfigStore::record_served`.
     Served {
         id: MachineId,
         served: ServedConfig,

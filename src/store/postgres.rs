@@ -10,10 +10,58 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Pool;
 
 use super::group_commit::GroupCommit;
-use super::{backend, StoreOptions};
-use crate::service::StoreError;
+use super::StoreOptions;
+use crate::service::ports::StoreError;
 
-/// The PostgreSQL implementation of `InventoryStore`.
+// Every file of `sql/` is compiled once per dialect on purpose (see `store/mod.rs`): clippy's
+// duplicate_mod is about a file loaded twice by mistake.
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/batch.rs"]
+mod batch;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/bmc.rs"]
+mod bmc;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/configs.rs"]
+mod configs;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/events.rs"]
+mod events;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/health.rs"]
+mod health;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/leases.rs"]
+mod leases;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/machines.rs"]
+mod machines;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/reinstalls.rs"]
+mod reinstalls;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/talos_state.rs"]
+mod talos_state;
+
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/tokens.rs"]
+mod tokens;
+#[allow(clippy::duplicate_mod)]
+#[path = "sql/write.rs"]
+mod write;
+
+/// The database of this dialect: every file of `sql/` is compiled for it.
+type Db = sqlx::Postgres;
+/// A row of `Db`.
+type Row = sqlx::postgres::PgRow;
+/// A connection of `Db`.
+type Connection = sqlx::PgConnection;
+/// A transaction of `Db`.
+type Tx<'a> = sqlx::Transaction<'a, Db>;
+/// The store the files of `sql/` implement the ports for.
+type Store = PgStore;
+
+/// The PostgreSQL implementation of the store ports.
 #[derive(Clone, Debug)]
 pub struct PgStore {
     write: Pool<sqlx::Postgres>,
@@ -30,9 +78,7 @@ const LEASE_CONNECTIONS: u32 = 4;
 impl PgStore {
     /// Connect and migrate.
     pub async fn open(opts: &StoreOptions) -> Result<Self, StoreError> {
-        let connect = PgConnectOptions::from_str(&opts.url)
-            .map_err(backend)?
-            .application_name("plinth");
+        let connect = PgConnectOptions::from_str(&opts.url)?.application_name("plinth");
         // No ping before each use: sqlx already pings every connection as it goes back to the
         // pool and drops a broken one there, and the ping before use doubled the round trips of
         // every query (the DHCP path makes one or two per message). A connection that breaks while
@@ -42,8 +88,7 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(connect.clone())
-            .await
-            .map_err(backend)?;
+            .await?;
         if opts.migrate {
             sqlx::migrate!("migrations/postgres")
                 .run(&pool)
@@ -56,7 +101,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
         Ok(Self {
-            group_commit: GroupCommit::spawn(generated::Batch(lease_read.clone())),
+            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone())),
             write: pool.clone(),
             read: pool,
             lease_read,
@@ -72,6 +117,3 @@ impl PgStore {
     /// Several instances may allocate from one PostgreSQL lease table.
     const SHARED: bool = true;
 }
-
-crate::store::sql::sql_store!(PgStore, sqlx::Postgres);
-crate::store::talos_state::talos_state_store!(PgStore, sqlx::Postgres);

@@ -19,8 +19,8 @@ use serde_json::{json, Value};
 use crate::support::talos_node::{NodeOptions, SharedCluster, TalosNode};
 use crate::support::{self, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas};
-use plinth::service::clusters::{BootstrapError, ClusterSettings, Clusters};
-use plinth::service::{BmcService, ConfigService, Inventory, Workflows};
+use plinth::service::clusters::{BootstrapError, ClusterSettings};
+use plinth::service::Workflows;
 
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
@@ -38,16 +38,16 @@ async fn services(srv: &TestServer, extra: &str, instance: &str) -> Workflows {
     let cfg = support::config(&srv.db, extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let inventory = Inventory::new(store.clone(), secrets.clone());
-    let configs = ConfigService::new(store.clone(), secrets, Some(schemas()));
-    let bmc = BmcService::new(
-        inventory.clone(),
-        store.clone(),
+    let inventory = plinth::app::inventory(&store, secrets.clone());
+    let configs = plinth::app::config_service(&store, secrets, Some(schemas()));
+    let bmc = plinth::app::bmc_service(
+        &inventory,
+        &store,
         Arc::new(plinth::bmc::RedfishConnector::default()),
     );
-    let clusters = Clusters::new(
-        store,
-        configs.clone(),
+    let clusters = plinth::app::clusters(
+        &configs,
+        &store,
         Arc::new(plinth::talos_api::TalosApiClient::new(
             plinth::talos_api::ClientSettings {
                 connect_timeout: Duration::from_secs(2),
@@ -63,7 +63,14 @@ async fn services(srv: &TestServer, extra: &str, instance: &str) -> Workflows {
             ..Default::default()
         },
     );
-    Workflows::new(inventory, configs, bmc, clusters, cfg.workflows.clone())
+    plinth::app::workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &store,
+        clusters,
+        cfg.workflows.clone(),
+    )
 }
 
 async fn get(srv: &TestServer, path: &str) -> Value {

@@ -8,12 +8,11 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use netns::NetLab;
 use plinth::domain::{Interface, MachineSpec};
-use plinth::service::{Inventory, LeaseStore, SecretBox};
+use plinth::service::SecretBox;
 
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
@@ -139,8 +138,8 @@ async fn register(data: &Path, key: &Path, hostname: &str, mac: &str, ip: Option
     })
     .await
     .expect("store");
-    let inv = Inventory::new(
-        store,
+    let inv = plinth::app::inventory(
+        &store,
         SecretBox::from_text(&std::fs::read_to_string(key).expect("key")).expect("key"),
     );
     let spec = MachineSpec {
@@ -165,8 +164,8 @@ async fn leases_of(data: &Path, mac: &str) -> Vec<plinth::service::Lease> {
     })
     .await
     .expect("store");
-    let leases: Arc<dyn LeaseStore> = store;
-    leases
+    store
+        .leases
         .leases_of_mac(mac.parse().expect("mac"))
         .await
         .expect("leases")

@@ -12,7 +12,7 @@ use plinth::domain::MacAddr;
 use plinth::service::dhcp::{
     DhcpRequest, DhcpService, LeaseTiming, Outcome, ReplyKind, RequestKind,
 };
-use plinth::service::{InventoryStore, LeaseClaim, LeaseState, LeaseStore};
+use plinth::service::{LeaseState, Stores};
 use support::{Backend, TestDb};
 
 fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
@@ -50,7 +50,7 @@ fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
     }
 }
 
-async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
+async fn store(db: &TestDb) -> Stores {
     plinth::store::open(&plinth::store::StoreOptions {
         url: db.url.clone(),
         max_connections: 8,
@@ -60,10 +60,9 @@ async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
     .expect("store")
 }
 
-fn service(store: Arc<dyn InventoryStore>) -> DhcpService {
-    let leases: Arc<dyn LeaseStore> = store;
+fn service(store: Stores) -> DhcpService {
     DhcpService::new(
-        leases,
+        store.leases,
         vec![
             subnet(
                 "10.20.0.0/24",
@@ -123,7 +122,7 @@ async fn rfc2131_request_rules(b: Backend) {
             .expect("discover"),
     );
     assert_eq!(again.yiaddr, a);
-    let l = st.lease_by_ip(a).await.expect("lease").expect("row");
+    let l = st.leases.lease_by_ip(a).await.expect("lease").expect("row");
     assert_eq!(l.state, LeaseState::Bound, "still bound");
     assert!(
         l.expires_ms > chrono::Utc::now().timestamp_millis() + 500_000,
@@ -172,7 +171,7 @@ async fn rfc2131_request_rules(b: Backend) {
         Outcome::Silent("chose_other_server")
     );
     // The offer was held in memory (SQLite) or recorded and now expired (shared PostgreSQL).
-    let l = st.lease_by_ip(offer.yiaddr).await.expect("lease");
+    let l = st.leases.lease_by_ip(offer.yiaddr).await.expect("lease");
     assert!(
         l.as_ref().is_none_or(|l| l.state == LeaseState::Expired),
         "{l:?}"
@@ -190,7 +189,12 @@ async fn rfc2131_request_rules(b: Backend) {
         Outcome::Silent("released")
     );
     assert_eq!(
-        st.lease_by_ip(a).await.expect("l").expect("row").state,
+        st.leases
+            .lease_by_ip(a)
+            .await
+            .expect("l")
+            .expect("row")
+            .state,
         LeaseState::Released
     );
     let b_ip = dora(&svc, "52:54:00:20:00:04").await;
@@ -200,7 +204,7 @@ async fn rfc2131_request_rules(b: Backend) {
         svc.handle(&r).await.expect("decline"),
         Outcome::Silent("declined")
     );
-    let l = st.lease_by_ip(b_ip).await.expect("l").expect("row");
+    let l = st.leases.lease_by_ip(b_ip).await.expect("l").expect("row");
     assert_eq!(l.state, LeaseState::Declined);
     let next = dora(&svc, "52:54:00:20:00:04").await;
     assert_ne!(
@@ -224,8 +228,8 @@ async fn pool_exhaustion_and_reservations(b: Backend) {
     let svc = service(st.clone());
     // An address reserved in the inventory for one machine is never offered to another, even
     // when that other client asks for it (option 50).
-    let inv = plinth::service::Inventory::new(
-        st.clone(),
+    let inv = plinth::app::inventory(
+        &st,
         plinth::service::SecretBox::from_text(&plinth::service::SecretBox::generate_key_text())
             .expect("key"),
     );
@@ -312,7 +316,12 @@ async fn relayed_requests_record_option_82(b: Backend) {
         reply(svc.handle(&r).await.expect("request")).kind,
         ReplyKind::Ack
     );
-    let l = st.lease_by_ip(offer.yiaddr).await.expect("l").expect("row");
+    let l = st
+        .leases
+        .lease_by_ip(offer.yiaddr)
+        .await
+        .expect("l")
+        .expect("row");
     assert_eq!(
         l.relay_circuit_id.as_deref(),
         Some(hex_of(b"Gi1/0/7").as_str())
@@ -381,158 +390,7 @@ async fn proxy_mode_answers_pxe_only(b: Backend) {
     db.drop_db().await;
 }
 
-/// A claim in the subnet of the group-commit tests.
-fn claim(ip: &str, mac: &str, state: LeaseState) -> LeaseClaim {
-    support::lease_claim(ip, "10.20.0.0/24", mac, state)
-}
-
-/// Claims go through the store's group commit: many at once share transactions, and each still
-/// gets the answer it would get alone. 64 MACs racing for one address: exactly one wins, and the
-/// row is the winner's; 200 MACs with an address each, plus a MAC moving between two addresses
-/// and a release, all at once: every distinct claim is granted, the moved MAC keeps only its
-/// last address, the released address is released. An offer never ends a bound lease.
-async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
-    let db = TestDb::new(b).await;
-    let st = store(&db).await;
-    let race: Vec<_> = (0..64u32)
-        .map(|i| {
-            let st = st.clone();
-            tokio::spawn(async move {
-                let mac = format!("52:54:00:25:00:{i:02x}");
-                let won = st
-                    .claim_lease(&claim("10.20.0.150", &mac, LeaseState::Bound))
-                    .await
-                    .expect("claim");
-                (mac, won)
-            })
-        })
-        .collect();
-    let mut winners = Vec::new();
-    for t in race {
-        let (mac, won) = t.await.expect("join");
-        if won {
-            winners.push(mac);
-        }
-    }
-    assert_eq!(winners.len(), 1, "one address, one MAC: {winners:?}");
-    let row = st
-        .lease_by_ip("10.20.0.150".parse().expect("ip"))
-        .await
-        .expect("row")
-        .expect("row");
-    assert_eq!(row.mac.to_string(), winners[0]);
-    assert_eq!(row.state, LeaseState::Bound);
-
-    // A MAC with a bound lease on .151; a released-to-be lease on .152.
-    let mover = "52:54:00:25:01:01";
-    assert!(st
-        .claim_lease(&claim("10.20.0.151", mover, LeaseState::Bound))
-        .await
-        .expect("claim"));
-    let leaver = "52:54:00:25:01:02";
-    assert!(st
-        .claim_lease(&claim("10.20.0.152", leaver, LeaseState::Bound))
-        .await
-        .expect("claim"));
-    let mut tasks = Vec::new();
-    for i in 0..200u32 {
-        let st = st.clone();
-        tasks.push(tokio::spawn(async move {
-            let ip = Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 21, 0, 0)) + i);
-            let mac = format!("52:54:00:26:{:02x}:{:02x}", i >> 8, i & 255);
-            st.claim_lease(&claim(&ip.to_string(), &mac, LeaseState::Bound))
-                .await
-                .expect("claim")
-        }));
-    }
-    let moved = {
-        let st = st.clone();
-        tokio::spawn(async move {
-            st.claim_lease(&claim("10.20.0.153", mover, LeaseState::Bound))
-                .await
-                .expect("claim")
-        })
-    };
-    let released = {
-        let st = st.clone();
-        tokio::spawn(async move {
-            let now = chrono::Utc::now().timestamp_millis();
-            st.end_lease(
-                "10.20.0.152".parse().expect("ip"),
-                leaver.parse().expect("mac"),
-                LeaseState::Released,
-                now,
-                now,
-            )
-            .await
-            .expect("end")
-        })
-    };
-    for t in tasks {
-        assert!(t.await.expect("join"), "a free address is granted");
-    }
-    assert!(moved.await.expect("join"));
-    assert!(released.await.expect("join"));
-    let of_mover = st
-        .leases_of_mac(mover.parse().expect("mac"))
-        .await
-        .expect("leases");
-    let states: Vec<(String, LeaseState)> = of_mover
-        .iter()
-        .map(|l| (l.ip.to_string(), l.state))
-        .collect();
-    assert!(
-        states.contains(&("10.20.0.153".into(), LeaseState::Bound))
-            && states.contains(&("10.20.0.151".into(), LeaseState::Expired)),
-        "the moved MAC keeps only its new address: {states:?}"
-    );
-    // An offer to the moved MAC elsewhere (a late duplicate DISCOVER) leaves its bound lease
-    // alone; binding the other address ends it.
-    let state_of = |ip: &'static str| {
-        let st = st.clone();
-        async move {
-            st.lease_by_ip(ip.parse().expect("ip"))
-                .await
-                .expect("row")
-                .expect("row")
-                .state
-        }
-    };
-    assert!(st
-        .claim_lease(&claim("10.20.0.154", mover, LeaseState::Offered))
-        .await
-        .expect("claim"));
-    assert_eq!(state_of("10.20.0.153").await, LeaseState::Bound);
-    assert_eq!(state_of("10.20.0.154").await, LeaseState::Offered);
-    assert!(st
-        .claim_lease(&claim("10.20.0.154", mover, LeaseState::Bound))
-        .await
-        .expect("claim"));
-    assert_eq!(state_of("10.20.0.153").await, LeaseState::Expired);
-    assert_eq!(state_of("10.20.0.154").await, LeaseState::Bound);
-    assert_eq!(state_of("10.20.0.152").await, LeaseState::Released);
-    // The released address is free for another MAC; a bound one is not.
-    assert!(st
-        .claim_lease(&claim(
-            "10.20.0.152",
-            "52:54:00:25:01:03",
-            LeaseState::Bound
-        ))
-        .await
-        .expect("claim"));
-    assert!(!st
-        .claim_lease(&claim(
-            "10.20.0.154",
-            "52:54:00:25:01:03",
-            LeaseState::Bound
-        ))
-        .await
-        .expect("claim"));
-    db.drop_db().await;
-}
-
 both_backends!(
-    concurrent_claims_are_batched_and_exclusive,
     rfc2131_request_rules,
     pool_exhaustion_and_reservations,
     relayed_requests_record_option_82,
@@ -586,68 +444,14 @@ async fn two_instances_on_postgres_never_share_an_address() {
     assert_eq!(acked.len(), 10, "the whole pool is handed out, once each");
     let st = store(&db).await;
     for (mac, ip) in &acked {
-        let l = st.lease_by_ip(*ip).await.expect("lease").expect("row");
+        let l = st
+            .leases
+            .lease_by_ip(*ip)
+            .await
+            .expect("lease")
+            .expect("row");
         assert_eq!(l.mac, mac.parse::<MacAddr>().expect("mac"));
         assert_eq!(l.state, LeaseState::Bound);
     }
-    db.drop_db().await;
-}
-
-/// On SQLite every write shares one connection; an ACK waits for its lease's commit. A lease
-/// commit queued behind a crowd of other writers (API writes, imports, state changes) goes ahead
-/// of them: at most the writer holding the connection and the next one finish first. (A
-/// current-thread runtime: every writer is queued before the claim is made.)
-#[tokio::test]
-async fn sqlite_lease_commits_go_ahead_of_queued_writers() {
-    let db = TestDb::new(Backend::Sqlite).await;
-    let st = store(&db).await;
-    const WRITERS: usize = 200;
-    let order = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
-    let mut tasks = Vec::new();
-    for n in 0..WRITERS {
-        let (st, order) = (st.clone(), order.clone());
-        tasks.push(tokio::spawn(async move {
-            let token = plinth::service::NewToken {
-                id: uuid::Uuid::new_v4(),
-                name: format!("writer-{n}"),
-                role: plinth::service::ApiRole::Viewer,
-                hash: [
-                    *uuid::Uuid::new_v4().as_bytes(),
-                    *uuid::Uuid::new_v4().as_bytes(),
-                ]
-                .concat(),
-                expires_at: None,
-            };
-            st.create_token(&token).await.expect("token");
-            order.lock().expect("order").push("write");
-        }));
-    }
-    // Let every writer reach its queue.
-    for _ in 0..10 {
-        tokio::task::yield_now().await;
-    }
-    assert!(
-        order.lock().expect("order").len() < WRITERS / 2,
-        "the writers finished before the claim was made: nothing was queued"
-    );
-    assert!(st
-        .claim_lease(&claim(
-            "10.20.0.160",
-            "52:54:00:aa:00:01",
-            LeaseState::Bound
-        ))
-        .await
-        .expect("claim"));
-    order.lock().expect("order").push("lease");
-    for t in tasks {
-        t.await.expect("writer");
-    }
-    let order = order.lock().expect("order").clone();
-    let ahead = order.iter().position(|w| *w == "lease").expect("lease");
-    assert!(
-        ahead <= 3,
-        "{ahead} of {WRITERS} queued writes committed before the lease"
-    );
-    assert_eq!(order.len(), WRITERS + 1);
     db.drop_db().await;
 }

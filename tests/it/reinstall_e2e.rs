@@ -20,11 +20,10 @@
 //! `PLINTH_VM_KEEP=1` keeps the working directory (Plinth's log, the VM console, the BMC record).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plinth::domain::{LifecycleState, MachineId, UniqueKey};
-use plinth::service::{Event, EventFilter, InventoryStore, LeaseState, Stage};
+use plinth::service::{Event, EventFilter, LeaseState, Stage, Stores};
 use sha2::{Digest, Sha256};
 
 use crate::support::qemu_bmc::{self, QemuBmc};
@@ -66,7 +65,7 @@ struct Rig {
     report: PathBuf,
     token: String,
     bmc: QemuBmc,
-    store: Arc<dyn InventoryStore>,
+    store: Stores,
     id: MachineId,
     /// Dropped last.
     dir: tempfile::TempDir,
@@ -141,6 +140,7 @@ async fn rig(
 
     let store = open_store(d).await;
     let id = store
+        .machines
         .find_machine(&UniqueKey::Mac(mac.parse().expect("mac")))
         .await
         .expect("find")
@@ -170,6 +170,7 @@ impl Rig {
     /// The machine's events after `after` (an event id), oldest first.
     async fn events(&self, after: i64) -> Vec<Event> {
         self.store
+            .events
             .list_events(&EventFilter {
                 machine_id: Some(self.id),
                 kind_prefix: None,
@@ -181,11 +182,12 @@ impl Rig {
     }
 
     async fn last_event_id(&self) -> i64 {
-        self.store.last_event_id().await.expect("last event")
+        self.store.events.last_event_id().await.expect("last event")
     }
 
     async fn machine(&self) -> plinth::domain::Machine {
         self.store
+            .machines
             .get_machine(self.id)
             .await
             .expect("get")
@@ -193,7 +195,11 @@ impl Rig {
     }
 
     async fn reinstall(&self) -> Option<plinth::service::Reinstall> {
-        self.store.reinstall(self.id).await.expect("reinstall")
+        self.store
+            .reinstalls
+            .reinstall(self.id)
+            .await
+            .expect("reinstall")
     }
 
     /// How often the VM has booted its local disk so far (banners on its console).
@@ -375,6 +381,7 @@ async fn vm_reinstalls_through_its_bmc_then_boots_its_local_disk() {
         .unwrap_or_else(|| panic!("config.served from: {}", served[0].detail));
     let leases = r
         .store
+        .leases
         .leases_of_mac(r.mac.parse().expect("mac"))
         .await
         .expect("leases");

@@ -11,7 +11,6 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::support::{self, Backend, TestServer};
-use plinth::service::{ConfigService, Inventory};
 use plinth::talos::validate::SchemaValidator;
 use plinth::talos::{MachineConfig, TalosVersion};
 
@@ -299,8 +298,8 @@ pub(crate) async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
     let cfg = support::config(&srv.db, extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let configs = ConfigService::new(store.clone(), secrets.clone(), Some(schemas()));
-    let inv = Inventory::new(store, secrets);
+    let configs = plinth::app::config_service(&store, secrets.clone(), Some(schemas()));
+    let inv = plinth::app::inventory(&store, secrets);
     let declared = plinth::declare::load(dir).expect("directory loads");
     let r = plinth::service::apply::apply(&configs, &inv, declared, false, "test")
         .await
@@ -568,7 +567,7 @@ async fn config_delivery(b: Backend) {
     assert_eq!(fetch(&srv, &id, &token, "").await.0, StatusCode::FORBIDDEN);
     let (s, yaml) = fetch(&srv, &id, &token, UUID).await;
     assert_eq!(s, StatusCode::OK);
-    let got = plinth::service::config::token_hash(&yaml);
+    let got = plinth::service::machine_config::token_hash(&yaml);
     assert_eq!(
         got, sha,
         "served config is the one validated at window opening"
@@ -611,6 +610,7 @@ async fn config_delivery(b: Backend) {
         .await
         .expect("store");
     let w = store
+        .configs
         .window(id.parse().expect("id"))
         .await
         .expect("window")
@@ -624,12 +624,16 @@ async fn config_delivery(b: Backend) {
         actor: "test".into(),
         detail: json!({}),
     };
-    store.put_window(&expired, &ev).await.expect("expire");
+    store
+        .configs
+        .put_window(&expired, &ev)
+        .await
+        .expect("expire");
     assert_eq!(
         fetch(&srv, &id, &token2, UUID).await.0,
         StatusCode::FORBIDDEN
     );
-    store.put_window(&w, &ev).await.expect("reopen");
+    store.configs.put_window(&w, &ev).await.expect("reopen");
     assert_eq!(fetch(&srv, &id, &token2, UUID).await.0, StatusCode::OK);
 
     // Installed: the window closes; the same token is now a 404, and the next network boot
@@ -729,11 +733,11 @@ async fn config_delivery(b: Backend) {
     let cfg = support::config(&srv.db, &extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets_box = plinth::app::secret_box(&cfg).expect("key");
-    let configs = ConfigService::new(store.clone(), secrets_box.clone(), Some(schemas()));
+    let configs = plinth::app::config_service(&store, secrets_box.clone(), Some(schemas()));
     let declared = plinth::declare::load(&tmp.path().join("inv")).expect("loads");
     let report = plinth::service::apply::apply(
         &configs,
-        &Inventory::new(store, secrets_box),
+        &plinth::app::inventory(&store, secrets_box),
         declared,
         false,
         "test",

@@ -4,17 +4,16 @@
 
 use crate::support;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plinth::domain::{Interface, MacAddr, Machine, MachineSpec};
 use plinth::service::inventory::Inventory;
 use plinth::service::timeline::{Step, Timeline};
-use plinth::service::{EventFilter, InventoryStore, NewEvent, SecretBox};
+use plinth::service::{EventFilter, NewEvent, SecretBox, Stores};
 use support::{Backend, TestDb};
 use tokio_util::sync::CancellationToken;
 
-async fn store(db: &TestDb) -> Arc<dyn InventoryStore> {
+async fn store(db: &TestDb) -> Stores {
     plinth::store::open(&plinth::store::StoreOptions {
         url: db.url.clone(),
         max_connections: 4,
@@ -56,13 +55,18 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     let db = TestDb::new(b).await;
     let st = store(&db).await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
-    let inv = Inventory::new(st.clone(), secrets);
+    let inv = plinth::app::inventory(&st, secrets);
     let mac: MacAddr = "52:54:00:7e:00:01".parse().expect("mac");
     let m = machine(&inv, "tl-1", mac).await;
 
     // More steps than one batch, faster than the writer's gathering window.
     let stop = CancellationToken::new();
-    let timeline = Timeline::start(st.clone(), stop.clone());
+    let timeline = Timeline::start(
+        st.machines.clone(),
+        st.leases.clone(),
+        st.events.clone(),
+        stop.clone(),
+    );
     const STEPS: usize = 700;
     for n in 0..STEPS {
         timeline.record(Step {
@@ -75,6 +79,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     let start = Instant::now();
     let events = loop {
         let ev = st
+            .events
             .list_events(&kind_filter(m.id, "dhcp.offer"))
             .await
             .expect("events");
@@ -93,7 +98,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     assert!(events.iter().all(|e| e.actor == "boot"));
 
     // A batch is one transaction, in order; an empty batch writes nothing.
-    st.append_events(&[]).await.expect("empty batch");
+    st.events.append_events(&[]).await.expect("empty batch");
     let batch: Vec<NewEvent> = (0..3)
         .map(|n| NewEvent {
             machine_id: Some(m.id),
@@ -102,8 +107,9 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
             detail: serde_json::json!({ "n": n }),
         })
         .collect();
-    st.append_events(&batch).await.expect("batch");
+    st.events.append_events(&batch).await.expect("batch");
     let tftp = st
+        .events
         .list_events(&kind_filter(m.id, "tftp."))
         .await
         .expect("events");
@@ -124,7 +130,7 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
     let db = TestDb::new(b).await;
     let st = store(&db).await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
-    let inv = Inventory::new(st.clone(), secrets);
+    let inv = plinth::app::inventory(&st, secrets);
     let mut ids = Vec::new();
     let macs: Vec<MacAddr> = ["52:54:00:7e:01:01", "52:54:00:7e:01:02"]
         .iter()
@@ -143,13 +149,19 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
         )
     };
     let stop = CancellationToken::new();
-    let timeline = Timeline::start(st.clone(), stop.clone());
+    let timeline = Timeline::start(
+        st.machines.clone(),
+        st.leases.clone(),
+        st.events.clone(),
+        stop.clone(),
+    );
     let wait_for = |id, kind: &'static str, n: usize| {
         let st = st.clone();
         async move {
             let start = Instant::now();
             loop {
                 let ev = st
+                    .events
                     .list_events(&kind_filter(id, kind))
                     .await
                     .expect("events");
@@ -167,23 +179,25 @@ async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend)
         detail: serde_json::json!({}),
     };
     // The first machine's lease and boot.
-    assert!(st.claim_lease(&lease(macs[0])).await.expect("claim"));
+    assert!(st.leases.claim_lease(&lease(macs[0])).await.expect("claim"));
     timeline.record(step("dhcp.ack", Some(macs[0])));
     timeline.record(step("tftp.read", None));
     assert_eq!(wait_for(ids[0], "tftp.read", 1).await, 1);
     // The address expires and passes to the second machine, which boots from it.
     let now = chrono::Utc::now().timestamp_millis();
-    st.end_lease(ip, macs[0], LeaseState::Expired, now, now)
+    st.leases
+        .end_lease(ip, macs[0], LeaseState::Expired, now, now)
         .await
         .expect("end");
-    assert!(st.claim_lease(&lease(macs[1])).await.expect("claim"));
+    assert!(st.leases.claim_lease(&lease(macs[1])).await.expect("claim"));
     timeline.record(step("dhcp.ack", Some(macs[1])));
     timeline.record(step("tftp.read", None));
     timeline.record(step("http.image", None));
     assert_eq!(wait_for(ids[1], "http.image", 1).await, 1);
     assert_eq!(wait_for(ids[1], "tftp.read", 1).await, 1);
     assert_eq!(
-        st.list_events(&kind_filter(ids[0], "tftp.read"))
+        st.events
+            .list_events(&kind_filter(ids[0], "tftp.read"))
             .await
             .expect("events")
             .len(),

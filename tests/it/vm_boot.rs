@@ -114,11 +114,13 @@ async fn boot_vm(tag: &str, fw: Fw) {
     let mut found = None;
     while start.elapsed() < Duration::from_secs(360) {
         if let Some(m) = store
+            .machines
             .find_machine(&UniqueKey::Mac(mac.parse().expect("mac")))
             .await
             .expect("find")
         {
             let ev = store
+                .events
                 .list_events(&EventFilter {
                     machine_id: Some(m.id),
                     kind_prefix: Some("boot.".into()),
@@ -282,7 +284,7 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
     assert!(
         report.body == render.stdout,
         "the VM fetched a config that differs from `plinth config render {host}`:\n{}",
-        plinth::service::config::config_diff(
+        plinth::service::machine_config::config_diff(
             std::str::from_utf8(&render.stdout).ok(),
             std::str::from_utf8(&report.body).ok(),
             host
@@ -293,12 +295,14 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
 
     let store = open_store(d).await;
     let m = store
+        .machines
         .find_machine(&UniqueKey::Mac(mac.parse().expect("mac")))
         .await
         .expect("find")
         .expect("the declared machine");
     assert_eq!(m.smbios_uuid.map(|u| u.to_string()).as_deref(), Some(uuid));
     let events = store
+        .events
         .list_events(&EventFilter {
             machine_id: Some(m.id),
             kind_prefix: None,
@@ -355,6 +359,7 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("config.served from: {}", served[0].detail));
     let leases = store
+        .leases
         .leases_of_mac(mac.parse().expect("mac"))
         .await
         .expect("leases");

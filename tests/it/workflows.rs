@@ -18,7 +18,7 @@ use crate::support::{self, Backend, TestServer};
 use crate::talos_configs::{
     apply_dir, boot_script, fetch, schemas, token_of, write_inventory, UUID,
 };
-use plinth::service::{BmcService, ConfigService, Inventory, Workflows};
+use plinth::service::Workflows;
 
 fn extra(port: u16, netboot_seconds: u64) -> String {
     format!(
@@ -31,23 +31,30 @@ async fn workflows(srv: &TestServer, extra: &str) -> Workflows {
     let cfg = support::config(&srv.db, extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let inventory = Inventory::new(store.clone(), secrets.clone());
-    let configs = ConfigService::new(store.clone(), secrets, Some(schemas()));
-    let bmc = BmcService::new(
-        inventory.clone(),
-        store.clone(),
+    let inventory = plinth::app::inventory(&store, secrets.clone());
+    let configs = plinth::app::config_service(&store, secrets, Some(schemas()));
+    let bmc = plinth::app::bmc_service(
+        &inventory,
+        &store,
         Arc::new(plinth::bmc::RedfishConnector::default()),
     );
-    let clusters = plinth::service::clusters::Clusters::new(
-        store,
-        configs.clone(),
+    let clusters = plinth::app::clusters(
+        &configs,
+        &store,
         Arc::new(plinth::talos_api::TalosApiClient::default()),
         plinth::service::clusters::ClusterSettings {
             talos_api_port: cfg.workflows.talos_api_port,
             ..Default::default()
         },
     );
-    Workflows::new(inventory, configs, bmc, clusters, cfg.workflows.clone())
+    plinth::app::workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &store,
+        clusters,
+        cfg.workflows.clone(),
+    )
 }
 
 async fn get(srv: &TestServer, path: &str) -> Value {

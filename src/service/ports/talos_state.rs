@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use super::{NewEvent, StoreError};
 use crate::domain::MachineId;
-use crate::service::store::{NewEvent, StoreError};
 
 /// Where a cluster's bootstrap stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

@@ -3,6 +3,7 @@
 #![allow(dead_code, missing_docs)]
 
 pub mod bmc_peers;
+pub mod broken_store;
 pub mod lan;
 pub mod netns;
 pub mod peers;
@@ -15,7 +16,7 @@ use std::path::PathBuf;
 
 use plinth::app::Running;
 use plinth::config::{Overrides, RawConfig};
-use plinth::service::{ApiRole, Tokens};
+use plinth::service::ApiRole;
 use reqwest::Client;
 use uuid::Uuid;
 
@@ -164,7 +165,7 @@ impl TestServer {
         let cfg = config(&db, extra_toml);
         let running = plinth::app::spawn(&cfg).await.expect("server starts");
         let store = plinth::app::open_store(&cfg, false).await.expect("store");
-        let tokens = Tokens::new(store);
+        let tokens = plinth::app::tokens(&store);
         let mut t = Vec::new();
         for role in [ApiRole::Admin, ApiRole::Operator, ApiRole::Viewer] {
             t.push(
@@ -186,6 +187,49 @@ impl TestServer {
             client: Client::new(),
             running: Some(running),
         }
+    }
+
+    /// A server over the stores `wrap` makes of the migrated real ones (say, a store that fails),
+    /// through `app::spawn_with_stores`. The tokens of every role are minted in the real store
+    /// first.
+    pub async fn start_over(
+        backend: Backend,
+        extra_toml: &str,
+        wrap: impl FnOnce(plinth::service::Stores) -> plinth::service::Stores,
+    ) -> TestServer {
+        let db = TestDb::new(backend).await;
+        let cfg = config(&db, extra_toml);
+        let store = plinth::app::open_store(&cfg, true).await.expect("store");
+        let tokens = plinth::app::tokens(&store);
+        let mut t = Vec::new();
+        for role in [ApiRole::Admin, ApiRole::Operator, ApiRole::Viewer] {
+            t.push(
+                tokens
+                    .create(&format!("test-{role}"), role, None, "test")
+                    .await
+                    .expect("token")
+                    .0,
+            );
+        }
+        let running = plinth::app::spawn_with_stores(&cfg, wrap(store))
+            .await
+            .expect("server starts");
+        TestServer {
+            base: format!("http://{}", running.http_addr),
+            admin: t[0].clone(),
+            operator: t[1].clone(),
+            viewer: t[2].clone(),
+            data_dir: cfg.data_dir.clone(),
+            images_base: running.images_addr.map(|a| format!("http://{a}")),
+            db,
+            client: Client::new(),
+            running: Some(running),
+        }
+    }
+
+    /// The running server (its addresses).
+    pub fn running(&self) -> &Running {
+        self.running.as_ref().expect("running")
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -10,10 +10,9 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plinth::service::InventoryStore;
+use plinth::service::Stores;
 
 use super::vm_image::TalosStandIn;
 
@@ -349,7 +348,7 @@ pub fn import_image(cfg: &Path, image: &TalosStandIn) {
 }
 
 /// A reader of the server's SQLite database (WAL mode: beside the running server).
-pub async fn open_store(dir: &Path) -> Arc<dyn InventoryStore> {
+pub async fn open_store(dir: &Path) -> Stores {
     let url = format!("sqlite://{}", dir.join("data/plinth.db").display());
     plinth::store::open(&plinth::store::StoreOptions {
         url,

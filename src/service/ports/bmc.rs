@@ -1,18 +1,26 @@
-//! What the rest of Plinth sees of a BMC: the `Bmc` trait, its error type, and the plain result
-//! types it returns (power state, boot override, virtual media, inspected hardware, capabilities).
+//! The BMC port: what the rest of Plinth sees of a BMC. The `Bmc` trait (implemented over Redfish
+//! by `crate::bmc`), `BmcConnector` (builds a `Bmc` for a BMC record), their error type and the
+//! plain result types they return (power state, boot override, virtual media, inspected hardware,
+//! capabilities), and `BmcCapabilityStore` (where probed capabilities are kept, implemented by
+//! `crate::store`).
 //!
 //! Nothing here knows about HTTP, JSON or Redfish paths, so the service layer can depend on these
-//! types and tests can implement the trait without a network.
+//! types and tests can implement the trait without a network. Imports `domain` and the other
+//! ports only.
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::domain::{DiskType, MacAddr, TlsMode};
+use super::error::StoreError;
+use super::events::NewEvent;
+use crate::domain::{self, DiskType, MacAddr, MachineId, TlsMode};
 
 /// Errors of the Redfish client. Messages name the request and what the BMC answered; they never
 /// carry a password or a session token.
@@ -442,7 +450,7 @@ pub struct EtagSupport {
     pub if_match_required: bool,
 }
 
-/// A BMC as the service layer drives it. Implemented by [`super::RedfishBmc`].
+/// A BMC as the service layer drives it. Implemented by `crate::bmc::RedfishBmc`.
 ///
 /// Every method that changes state also confirms it: power operations poll `PowerState` to the
 /// target under a deadline, the boot override is read back after it is written, and virtual media
@@ -471,6 +479,47 @@ pub trait Bmc: Send + Sync {
     async fn capabilities(&self) -> Result<Capabilities, BmcError>;
     /// Log out (DELETE the session) and release the connection.
     async fn close(&self) -> Result<(), BmcError>;
+}
+
+/// Builds a client for one BMC from its inventory record and decrypted password.
+pub trait BmcConnector: Send + Sync + 'static {
+    /// A client for `bmc`. No I/O should happen before the first call on it.
+    fn connect(&self, bmc: &domain::Bmc, password: &str) -> Result<Arc<dyn Bmc>, BmcError>;
+}
+
+/// What a BMC can do, as last probed, and how the last probe went.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CapabilityRecord {
+    /// The machine whose BMC this is.
+    pub machine_id: MachineId,
+    /// The BMC URL the probe talked to.
+    pub bmc_url: String,
+    /// What the last successful probe found; absent when no probe has succeeded yet.
+    pub capabilities: Option<Capabilities>,
+    /// When the capabilities were probed.
+    pub probed_at: Option<DateTime<Utc>>,
+    /// Why the last attempt failed; absent when it succeeded.
+    pub last_error: Option<String>,
+    /// When the last attempt (successful or not) ran.
+    pub attempted_at: DateTime<Utc>,
+    /// The machine's BMC URL changed since: probe again.
+    #[serde(default)]
+    pub stale: bool,
+}
+
+/// Where capability records are kept.
+#[async_trait]
+pub trait BmcCapabilityStore: Send + Sync + 'static {
+    /// Insert or replace the record of a machine's BMC, with its event, in one transaction.
+    async fn put_bmc_capabilities(
+        &self,
+        rec: &CapabilityRecord,
+        event: &NewEvent,
+    ) -> Result<(), StoreError>;
+
+    /// The record of a machine's BMC, if one was ever probed.
+    async fn bmc_capabilities(&self, id: MachineId)
+        -> Result<Option<CapabilityRecord>, StoreError>;
 }
 
 /// Tell the disk type from what Redfish reports.

@@ -1,13 +1,14 @@
-//! The `LeaseStore` trait: durable DHCP leases. One row per address; a claim is a conditional
+//! The `LeaseStore` port: durable DHCP leases. One row per address; a claim is a conditional
 //! upsert that only succeeds when the address is free, expired, released, or already this MAC's,
-//! so the database (not a check in code) keeps one address from going to two MACs.
+//! so the database (not a check in code) keeps one address from going to two MACs. Imports
+//! `domain` and `StoreError` only.
 
 use std::net::Ipv4Addr;
 
 use async_trait::async_trait;
 use serde::Serialize;
 
-use super::StoreError;
+use super::error::StoreError;
 use crate::domain::{MacAddr, MachineId};
 
 /// Where a lease is in its life.

@@ -1,0 +1,251 @@
+//! The declared inputs of every render: sealing a cluster's secret input (a secrets bundle or
+//! base configs) before it is stored, opening it again to build a role's base config, and loading
+//! the clusters, profiles and groups at once (`Sources`). Never logs a secret.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+
+use super::{sealed_context, ConfigService, MachineConfigError};
+use crate::domain::{MachineId, Role};
+use crate::service::ports::{
+    ClusterRecord, ClusterSpec, ConfigWrite, GroupKind, GroupSpec, MachinePatches, NewEvent,
+    ProfileSpec,
+};
+use crate::talos::secrets::SecretsBundle;
+use crate::talos::{MachineConfig, TalosVersion};
+
+/// Image Factory host used for installer images when a cluster names none.
+pub const DEFAULT_FACTORY_HOST: &str = "factory.talos.dev";
+
+/// A cluster's secret input, in the clear (only ever in memory).
+#[derive(Clone, PartialEq, Eq)]
+pub enum ClusterSecretInput {
+    /// A secrets bundle (`talosctl gen secrets`, `plinth cluster init`): base configs are generated.
+    Bundle(String),
+    /// Base configs (`talosctl gen config`) used as they are.
+    BaseConfigs {
+        /// controlplane.yaml.
+        controlplane: String,
+        /// worker.yaml.
+        worker: String,
+    },
+}
+
+impl std::fmt::Debug for ClusterSecretInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ClusterSecretInput::Bundle(_) => "Bundle(<redacted>)",
+            ClusterSecretInput::BaseConfigs { .. } => "BaseConfigs(<redacted>)",
+        })
+    }
+}
+
+impl ClusterSecretInput {
+    /// SHA-256 fingerprint, to tell in a diff whether the secrets changed.
+    pub fn fingerprint(&self) -> String {
+        let mut h = Sha256::new();
+        match self {
+            ClusterSecretInput::Bundle(b) => {
+                h.update(b"bundle\0");
+                h.update(b.as_bytes());
+            }
+            ClusterSecretInput::BaseConfigs {
+                controlplane,
+                worker,
+            } => {
+                h.update(b"base\0");
+                h.update(controlplane.as_bytes());
+                h.update(b"\0");
+                h.update(worker.as_bytes());
+            }
+        }
+        hex::encode(h.finalize())
+    }
+}
+
+/// The inputs of renders, loaded once.
+#[derive(Clone, Debug, Default)]
+pub struct Sources {
+    /// Clusters by name.
+    pub clusters: HashMap<String, ClusterRecord>,
+    /// Profiles by name.
+    pub profiles: HashMap<String, ProfileSpec>,
+    /// Groups by (kind, name).
+    pub groups: HashMap<(GroupKind, String), GroupSpec>,
+}
+
+impl Sources {
+    /// From lists.
+    pub fn new(
+        clusters: Vec<ClusterRecord>,
+        profiles: Vec<ProfileSpec>,
+        groups: Vec<GroupSpec>,
+    ) -> Self {
+        Sources {
+            clusters: clusters
+                .into_iter()
+                .map(|c| (c.spec.name.clone(), c))
+                .collect(),
+            profiles: profiles.into_iter().map(|p| (p.name.clone(), p)).collect(),
+            groups: groups
+                .into_iter()
+                .map(|g| ((g.kind, g.name.clone()), g))
+                .collect(),
+        }
+    }
+}
+
+impl ConfigService {
+    /// Seal a cluster's secret input into a record.
+    pub fn seal_cluster(
+        &self,
+        spec: ClusterSpec,
+        input: &ClusterSecretInput,
+    ) -> Result<ClusterRecord, MachineConfigError> {
+        let name = spec.name.clone();
+        let fingerprint = input.fingerprint();
+        let (sealed_bundle, sealed_base) = match input {
+            ClusterSecretInput::Bundle(b) => {
+                SecretsBundle::parse(b).map_err(|e| MachineConfigError::Secrets(e.to_string()))?;
+                (
+                    Some(
+                        self.secrets
+                            .seal(&sealed_context("cluster-bundle", &name), b.as_bytes()),
+                    ),
+                    None,
+                )
+            }
+            ClusterSecretInput::BaseConfigs {
+                controlplane,
+                worker,
+            } => {
+                for (role, text) in [("controlplane", controlplane), ("worker", worker)] {
+                    MachineConfig::parse(text).map_err(|e| {
+                        MachineConfigError::Secrets(format!("base config for {role}: {e}"))
+                    })?;
+                }
+                (
+                    None,
+                    Some((
+                        self.secrets.seal(
+                            &sealed_context("cluster-base-controlplane", &name),
+                            controlplane.as_bytes(),
+                        ),
+                        self.secrets.seal(
+                            &sealed_context("cluster-base-worker", &name),
+                            worker.as_bytes(),
+                        ),
+                    )),
+                )
+            }
+        };
+        Ok(ClusterRecord {
+            spec,
+            sealed_bundle,
+            sealed_base,
+            secrets_sha256: fingerprint,
+        })
+    }
+
+    /// Load every render input from the store.
+    pub async fn sources(&self) -> Result<Sources, MachineConfigError> {
+        Ok(Sources::new(
+            self.configs.clusters().await?,
+            self.configs.profiles().await?,
+            self.configs.groups().await?,
+        ))
+    }
+
+    pub(super) fn open_text(
+        &self,
+        context: &str,
+        sealed: &[u8],
+    ) -> Result<String, MachineConfigError> {
+        let plain = self
+            .secrets
+            .open(context, sealed)
+            .map_err(|e| MachineConfigError::Secrets(e.to_string()))?;
+        String::from_utf8(plain).map_err(|_| MachineConfigError::Secrets("not UTF-8".into()))
+    }
+
+    /// A cluster's secret input, in the clear (for signing credentials from its CAs).
+    pub fn cluster_secret_input(
+        &self,
+        cluster: &ClusterRecord,
+    ) -> Result<ClusterSecretInput, MachineConfigError> {
+        let name = &cluster.spec.name;
+        if let Some(sealed) = &cluster.sealed_bundle {
+            let text = self.open_text(&sealed_context("cluster-bundle", name), sealed)?;
+            return Ok(ClusterSecretInput::Bundle(text));
+        }
+        if let Some((cp, w)) = &cluster.sealed_base {
+            return Ok(ClusterSecretInput::BaseConfigs {
+                controlplane: self
+                    .open_text(&sealed_context("cluster-base-controlplane", name), cp)?,
+                worker: self.open_text(&sealed_context("cluster-base-worker", name), w)?,
+            });
+        }
+        Err(MachineConfigError::Secrets(format!(
+            "cluster `{name}` has neither a secrets bundle nor base configs"
+        )))
+    }
+
+    pub(super) fn base_config(
+        &self,
+        cluster: &ClusterRecord,
+        role: Role,
+        version: TalosVersion,
+    ) -> Result<MachineConfig, MachineConfigError> {
+        let name = &cluster.spec.name;
+        if let Some((cp, w)) = &cluster.sealed_base {
+            let (ctx, sealed) = match role {
+                Role::ControlPlane => ("cluster-base-controlplane", cp),
+                Role::Worker => ("cluster-base-worker", w),
+            };
+            let text = self.open_text(&sealed_context(ctx, name), sealed)?;
+            return MachineConfig::parse(&text)
+                .map_err(|e| MachineConfigError::Secrets(format!("base config: {e}")));
+        }
+        let Some(sealed) = &cluster.sealed_bundle else {
+            return Err(MachineConfigError::Secrets(format!(
+                "cluster `{name}` has neither a secrets bundle nor base configs"
+            )));
+        };
+        let text = self.open_text(&sealed_context("cluster-bundle", name), sealed)?;
+        let bundle =
+            SecretsBundle::parse(&text).map_err(|e| MachineConfigError::Secrets(e.to_string()))?;
+        generate_base(&bundle, role, &cluster.spec, version)
+    }
+
+    /// Patches of every machine that has some.
+    pub async fn all_machine_patches(
+        &self,
+    ) -> Result<Vec<(MachineId, MachinePatches)>, MachineConfigError> {
+        Ok(self.configs.all_machine_patches().await?)
+    }
+
+    /// Upsert clusters, profiles, groups and machine patches, with their events, in one
+    /// transaction.
+    pub async fn put_config_objects(
+        &self,
+        write: &ConfigWrite,
+        events: &[NewEvent],
+    ) -> Result<(), MachineConfigError> {
+        Ok(self.configs.put_config_objects(write, events).await?)
+    }
+}
+
+/// The base config of `role` generated from a secrets bundle, as `talosctl gen config` writes it.
+fn generate_base(
+    bundle: &SecretsBundle,
+    role: Role,
+    spec: &ClusterSpec,
+    version: TalosVersion,
+) -> Result<MachineConfig, MachineConfigError> {
+    let mut opts =
+        crate::talos::generate::GenerateOptions::new(&spec.name, &spec.endpoint, version);
+    opts.kubernetes_version = spec.kubernetes_version.clone();
+    crate::talos::generate::generate(bundle, role, &opts)
+        .map_err(|e| MachineConfigError::Secrets(format!("generating the base config: {e}")))
+}

@@ -1,0 +1,128 @@
+//! The `MachineStore` port: machines with their NICs, disks and BMC records, written with
+//! optimistic concurrency and each change in one transaction with its event. Implemented for
+//! SQLite and PostgreSQL in `crate::store`. Imports `domain` and the other ports only.
+
+use async_trait::async_trait;
+use serde::Serialize;
+
+use super::error::StoreError;
+use super::events::NewEvent;
+use crate::domain::{LifecycleState, Machine, MachineId, MachineRef, MachineSpec, Role, UniqueKey};
+
+/// What happens to a stored BMC password on a write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PasswordChange {
+    /// Leave it as it is.
+    Keep,
+    /// Remove it.
+    Clear,
+    /// Replace it with this ciphertext (sealed by `SecretBox`).
+    Set(Vec<u8>),
+}
+
+/// A validated machine plus what to do with its BMC password. `spec.bmc.password` is always `None`.
+#[derive(Clone, Debug)]
+pub struct MachineRecord {
+    /// Validated spec, password stripped.
+    pub spec: MachineSpec,
+    /// Password change.
+    pub password: PasswordChange,
+}
+
+/// Filters and page of a machine listing.
+#[derive(Clone, Debug, Default)]
+pub struct MachineFilter {
+    /// Lifecycle state.
+    pub state: Option<LifecycleState>,
+    /// Site.
+    pub site: Option<String>,
+    /// Rack.
+    pub rack: Option<String>,
+    /// Cluster.
+    pub cluster: Option<String>,
+    /// Role.
+    pub role: Option<Role>,
+    /// Free text: substring of hostname, serial, asset tag, manufacturer, model or a MAC.
+    pub q: Option<String>,
+    /// Page size.
+    pub limit: u32,
+    /// Continue after this id (keyset pagination).
+    pub after: Option<MachineId>,
+}
+
+/// One page of machines.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct MachinePage {
+    /// The machines, ordered by id (creation time).
+    pub items: Vec<Machine>,
+    /// How many machines match the filter in all.
+    pub total: i64,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// Machines of the inventory.
+#[async_trait]
+pub trait MachineStore: Send + Sync + 'static {
+    /// Insert a machine and its event in one transaction.
+    async fn create_machine(
+        &self,
+        id: MachineId,
+        state: LifecycleState,
+        rec: &MachineRecord,
+        event: &NewEvent,
+    ) -> Result<Machine, StoreError>;
+
+    /// Replace a machine's spec if its version is still `expected_version`, with its event, in one
+    /// transaction. Bumps the version.
+    async fn update_machine(
+        &self,
+        id: MachineId,
+        expected_version: i64,
+        rec: &MachineRecord,
+        event: &NewEvent,
+    ) -> Result<Machine, StoreError>;
+
+    /// Delete a machine if its version is still `expected_version`, with its event.
+    async fn delete_machine(
+        &self,
+        id: MachineId,
+        expected_version: i64,
+        event: &NewEvent,
+    ) -> Result<(), StoreError>;
+
+    /// Move a machine from state `from` to `to` (with a reason, or none) if it is still in `from`
+    /// (and at `expected_version`, when given), with its event, in one transaction. Bumps the
+    /// version. `VersionMismatch` when the machine moved on meanwhile.
+    async fn set_state(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        from: LifecycleState,
+        to: LifecycleState,
+        reason: Option<&str>,
+        event: &NewEvent,
+    ) -> Result<Machine, StoreError>;
+
+    /// Insert many machines and their events in one transaction: all or none.
+    async fn import_machines(
+        &self,
+        rows: &[(MachineId, MachineRecord)],
+        actor: &str,
+    ) -> Result<(), StoreError>;
+
+    /// One machine by id.
+    async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError>;
+
+    /// One machine by a unique value.
+    async fn find_machine(&self, key: &UniqueKey) -> Result<Option<Machine>, StoreError>;
+
+    /// The machines that hold any of these unique values.
+    async fn owners(&self, keys: &[UniqueKey]) -> Result<Vec<(UniqueKey, MachineRef)>, StoreError>;
+
+    /// A page of machines.
+    async fn list_machines(&self, filter: &MachineFilter) -> Result<MachinePage, StoreError>;
+
+    /// The sealed BMC password of a machine.
+    async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError>;
+}

@@ -1,0 +1,108 @@
+//! `EventStore` in SQL: the append-only event log. `insert_events` is the one INSERT of events,
+//! used inside the transactions of every other write that records an event. Compiled once per
+//! dialect (`super::Db`).
+
+use async_trait::async_trait;
+use chrono::Utc;
+use sqlx::{QueryBuilder, Row as _};
+use uuid::Uuid;
+
+use super::{Db, Store, Tx};
+use crate::domain::MachineId;
+use crate::service::ports::{Event, EventFilter, EventStore, NewEvent, StoreError};
+use crate::store::group_commit::WriteOp;
+use crate::store::CHUNK;
+
+pub(super) async fn insert_events(tx: &mut Tx<'_>, events: &[&NewEvent]) -> Result<(), StoreError> {
+    let now = Utc::now();
+    for chunk in events.chunks(CHUNK) {
+        let mut q =
+            QueryBuilder::<Db>::new("INSERT INTO events (machine_id, kind, actor, detail, at) ");
+        q.push_values(chunk, |mut b, e| {
+            b.push_bind(e.machine_id.map(|m| m.0))
+                .push_bind(e.kind.clone())
+                .push_bind(e.actor.clone())
+                .push_bind(sqlx::types::Json(e.detail.clone()))
+                .push_bind(now);
+        });
+        q.build().execute(&mut **tx).await?;
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl EventStore for Store {
+    async fn append_event(&self, event: &NewEvent) -> Result<(), StoreError> {
+        self.group_commit
+            .write(WriteOp::Event(event.clone()))
+            .await
+            .map(|_| ())
+    }
+
+    async fn append_events(&self, events: &[NewEvent]) -> Result<(), StoreError> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let all: Vec<&NewEvent> = events.iter().collect();
+        let (_turn, mut tx) = self.begin_write().await?;
+        insert_events(&mut tx, &all).await?;
+        Ok(tx.commit().await?)
+    }
+
+    async fn list_events(&self, f: &EventFilter) -> Result<Vec<Event>, StoreError> {
+        let mut q = QueryBuilder::<Db>::new(
+            "SELECT id, machine_id, kind, actor, detail, at FROM events WHERE 1 = 1",
+        );
+        if let Some(m) = f.machine_id {
+            q.push(" AND machine_id = ").push_bind(m.0);
+        }
+        if let Some(k) = &f.kind_prefix {
+            let mut pat = String::new();
+            for c in k.chars() {
+                if matches!(c, '%' | '_' | '\\') {
+                    pat.push('\\');
+                }
+                pat.push(c);
+            }
+            pat.push('%');
+            q.push(" AND kind LIKE ")
+                .push_bind(pat)
+                .push(" ESCAPE '\\'");
+        }
+        if let Some(a) = f.after_id {
+            q.push(" AND id > ").push_bind(a);
+        }
+        // The newest `limit` events, returned oldest first.
+        let limit = i64::from(f.limit.clamp(1, 10_000));
+        if f.after_id.is_some() {
+            q.push(" ORDER BY id ASC LIMIT ").push_bind(limit);
+        } else {
+            q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
+        }
+        let rows = q.build().fetch_all(&self.read).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for r in rows {
+            let mid: Option<Uuid> = r.try_get("machine_id")?;
+            let detail: sqlx::types::Json<serde_json::Value> = r.try_get("detail")?;
+            out.push(Event {
+                id: r.try_get("id")?,
+                machine_id: mid.map(MachineId),
+                kind: r.try_get("kind")?,
+                actor: r.try_get("actor")?,
+                detail: detail.0,
+                at: r.try_get("at")?,
+            });
+        }
+        if f.after_id.is_none() {
+            out.reverse();
+        }
+        Ok(out)
+    }
+
+    async fn last_event_id(&self) -> Result<i64, StoreError> {
+        let id: Option<i64> = sqlx::query_scalar("SELECT MAX(id) FROM events")
+            .fetch_one(&self.read)
+            .await?;
+        Ok(id.unwrap_or(0))
+    }
+}

@@ -1,0 +1,313 @@
+//! `LeaseStore` in SQL: DHCP leases, one row per address. Reads go to DHCP's own connections
+//! (`lease_read`); claims and ends go through the group commit (`super::batch`), which runs
+//! `claim_run` inside its transaction. Compiled once per dialect (`super::Db`).
+
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+
+use async_trait::async_trait;
+use sqlx::{QueryBuilder, Row as _};
+use uuid::Uuid;
+
+use super::{Db, Row, Store, Tx};
+use crate::domain::{mac, MacAddr, MachineId};
+use crate::service::ports::{
+    ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation, StoreError,
+};
+use crate::store::group_commit::{WriteOp, MAX_BATCH};
+
+fn lease_row(r: &Row) -> Result<Lease, StoreError> {
+    let ip: i64 = r.try_get("ip")?;
+    let mac: String = r.try_get("mac")?;
+    let state: String = r.try_get("state")?;
+    Ok(Lease {
+        ip: Ipv4Addr::from(
+            u32::try_from(ip).map_err(|_| StoreError::Backend(format!("lease ip {ip}")))?,
+        ),
+        subnet: r.try_get("subnet")?,
+        mac: mac
+            .parse()
+            .map_err(|e: mac::MacParseError| StoreError::Backend(e.to_string()))?,
+        state: LeaseState::parse(&state)
+            .ok_or_else(|| StoreError::Backend(format!("lease state {state}")))?,
+        expires_ms: r.try_get("expires_ms")?,
+        hostname: r.try_get("hostname")?,
+        relay_circuit_id: r.try_get("relay_circuit_id")?,
+        relay_remote_id: r.try_get("relay_remote_id")?,
+        giaddr: r.try_get("giaddr")?,
+        updated_ms: r.try_get("updated_ms")?,
+    })
+}
+
+const LEASE_COLS: &str = "ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, relay_remote_id, giaddr, updated_ms";
+
+/// The conditional upsert of claims: a row is written only when its address is free,
+/// expired, released, or already this MAC's (and not declined); `RETURNING` names the
+/// addresses that were granted. An offer never downgrades the same MAC's live bound lease.
+const CLAIM_INSERT: &str =
+    "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, hostname, \
+    relay_circuit_id, relay_remote_id, giaddr, updated_ms) ";
+
+const CLAIM_UPSERT: &str =
+    " ON CONFLICT (ip) DO UPDATE SET subnet = excluded.subnet, mac = excluded.mac, \
+    state = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+        AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+        THEN dhcp_leases.state ELSE excluded.state END, \
+    expires_ms = CASE WHEN excluded.state = 'offered' AND dhcp_leases.mac = excluded.mac \
+        AND dhcp_leases.state = 'bound' AND dhcp_leases.expires_ms > excluded.updated_ms \
+        THEN dhcp_leases.expires_ms ELSE excluded.expires_ms END, \
+    hostname = excluded.hostname, \
+    relay_circuit_id = excluded.relay_circuit_id, relay_remote_id = excluded.relay_remote_id, \
+    giaddr = excluded.giaddr, updated_ms = excluded.updated_ms \
+    WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
+       OR dhcp_leases.expires_ms < excluded.updated_ms \
+       OR dhcp_leases.state IN ('released', 'expired') \
+    RETURNING ip";
+
+pub(super) fn ip_key(ip: Ipv4Addr) -> i64 {
+    i64::from(u32::from(ip))
+}
+
+/// Power-of-two pieces of `n` (at most `group_commit::MAX_BATCH`), largest first: a
+/// batch's statements come in a few shapes only, so they stay in the statement cache.
+fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        let left = n - at;
+        if left == 0 {
+            return None;
+        }
+        let size = 1 << (usize::BITS - 1 - left.leading_zeros());
+        let size = size.min(MAX_BATCH);
+        at += size;
+        Some(at - size..at)
+    })
+}
+
+/// Claims of distinct addresses by distinct (subnet, MAC)s inside the batch's
+/// transaction: which were granted, in order. Rows go in ascending address order (one
+/// lock order for every instance). Then each granted MAC's other leases in the subnet
+/// expire, one statement for the run: its other offers always, its other bound leases
+/// only when this claim binds (an offer, say to a late duplicate DISCOVER, never ends
+/// an acknowledged lease). A claim of an address that an earlier claim of the same run
+/// frees this way is refused, as if it came first: conservative, never a double grant.
+async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, StoreError> {
+    let mut sorted: Vec<&Lease> = claims.to_vec();
+    sorted.sort_by_key(|l| l.ip);
+    let mut granted: HashSet<i64> = HashSet::new();
+    for range in chunks(sorted.len()) {
+        let mut qb = QueryBuilder::<Db>::new(CLAIM_INSERT);
+        qb.push_values(&sorted[range], |mut b, l| {
+            b.push_bind(ip_key(l.ip))
+                .push_bind(l.subnet.clone())
+                .push_bind(l.mac.to_string())
+                .push_bind(l.state.as_str())
+                .push_bind(l.expires_ms)
+                .push_bind(l.hostname.clone())
+                .push_bind(l.relay_circuit_id.clone())
+                .push_bind(l.relay_remote_id.clone())
+                .push_bind(l.giaddr.clone())
+                .push_bind(l.updated_ms);
+        });
+        qb.push(CLAIM_UPSERT);
+        let rows: Vec<i64> = qb.build_query_scalar().fetch_all(&mut **tx).await?;
+        granted.extend(rows);
+    }
+    let won: Vec<&Lease> = claims
+        .iter()
+        .copied()
+        .filter(|l| granted.contains(&ip_key(l.ip)))
+        .collect();
+    let now = won.iter().map(|l| l.updated_ms).max().unwrap_or(0);
+    for range in chunks(won.len()) {
+        let part = &won[range];
+        // VALUES columns are column1.. in both dialects: subnet, mac, the address kept,
+        // and 1 when the claim binds.
+        let mut qb =
+            QueryBuilder::<Db>::new("UPDATE dhcp_leases SET state = 'expired', updated_ms = ");
+        qb.push_bind(now);
+        qb.push(" FROM (VALUES ");
+        let mut sep = qb.separated(", ");
+        for l in part {
+            sep.push("(")
+                .push_bind_unseparated(l.subnet.clone())
+                .push_unseparated(", ");
+            sep.push_bind_unseparated(l.mac.to_string())
+                .push_unseparated(", ");
+            sep.push_bind_unseparated(ip_key(l.ip))
+                .push_unseparated(", ");
+            sep.push_bind_unseparated(i64::from(l.state == LeaseState::Bound))
+                .push_unseparated(")");
+        }
+        // `mac IN` too: it lets a planner without statistics (a new table) use the
+        // (mac, subnet) index.
+        qb.push(") AS k WHERE dhcp_leases.mac IN (");
+        let mut sep = qb.separated(", ");
+        for l in part {
+            sep.push_bind(l.mac.to_string());
+        }
+        qb.push(
+            ") AND dhcp_leases.subnet = k.column1 AND dhcp_leases.mac = k.column2 \
+             AND dhcp_leases.ip <> k.column3 \
+             AND (dhcp_leases.state = 'offered' OR (dhcp_leases.state = 'bound' AND k.column4 = 1))",
+        );
+        qb.build().execute(&mut **tx).await?;
+    }
+    Ok(claims
+        .iter()
+        .map(|l| granted.contains(&ip_key(l.ip)))
+        .collect())
+}
+
+/// Write the pending run of claims.
+pub(super) async fn flush(
+    tx: &mut Tx<'_>,
+    run: &mut Vec<&Lease>,
+    out: &mut Vec<bool>,
+) -> Result<(), StoreError> {
+    if !run.is_empty() {
+        out.extend(claim_run(tx, run).await?);
+        run.clear();
+    }
+    Ok(())
+}
+
+#[async_trait]
+impl LeaseStore for Store {
+    async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
+        self.group_commit.write(WriteOp::Claim(claim.clone())).await
+    }
+
+    fn is_shared(&self) -> bool {
+        <Store>::SHARED
+    }
+
+    async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {LEASE_COLS} FROM dhcp_leases WHERE ip = $1"
+        ))
+        .bind(i64::from(u32::from(ip)))
+        .fetch_optional(&self.lease_read)
+        .await?;
+        row.as_ref().map(lease_row).transpose()
+    }
+
+    async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $1 AND mac = $2 \
+             AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1"
+        ))
+        .bind(subnet)
+        .bind(mac.to_string())
+        .fetch_optional(&self.lease_read)
+        .await?;
+        row.as_ref().map(lease_row).transpose()
+    }
+
+    async fn end_lease(
+        &self,
+        ip: Ipv4Addr,
+        mac: MacAddr,
+        state: LeaseState,
+        expires_ms: i64,
+        now_ms: i64,
+    ) -> Result<bool, StoreError> {
+        self.group_commit
+            .write(WriteOp::End {
+                ip,
+                mac,
+                state,
+                expires_ms,
+                now_ms,
+            })
+            .await
+    }
+
+    async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<Ipv4Addr>, StoreError> {
+        let rows: Vec<i64> = sqlx::query_scalar(
+            "SELECT ip FROM dhcp_leases WHERE subnet = $1 AND expires_ms >= $2 \
+             AND state IN ('offered', 'bound', 'declined')",
+        )
+        .bind(subnet)
+        .bind(now_ms)
+        .fetch_all(&self.lease_read)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|i| u32::try_from(i).ok())
+            .map(Ipv4Addr::from)
+            .collect())
+    }
+
+    async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {LEASE_COLS} FROM dhcp_leases WHERE mac = $1 ORDER BY updated_ms DESC"
+        ))
+        .bind(mac.to_string())
+        .fetch_all(&self.lease_read)
+        .await?;
+        rows.iter().map(lease_row).collect()
+    }
+
+    async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError> {
+        let row = sqlx::query("SELECT machine_id, ipv4 FROM interfaces WHERE mac = $1")
+            .bind(mac.to_string())
+            .fetch_optional(&self.lease_read)
+            .await?;
+        let Some(r) = row else { return Ok(None) };
+        let id: Uuid = r.try_get("machine_id")?;
+        let ip: Option<String> = r.try_get("ipv4")?;
+        Ok(Some(Reservation {
+            machine_id: MachineId(id),
+            ipv4: ip.and_then(|s| s.parse().ok()),
+        }))
+    }
+
+    async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError> {
+        let n: i64 =
+            sqlx::query_scalar("SELECT COUNT(*) FROM interfaces WHERE ipv4 = $1 AND mac <> $2")
+                .bind(ip.to_string())
+                .bind(mac.to_string())
+                .fetch_one(&self.lease_read)
+                .await?;
+        Ok(n > 0)
+    }
+
+    async fn client_facts(
+        &self,
+        subnet: &str,
+        mac: MacAddr,
+        ips: [Option<Ipv4Addr>; 2],
+    ) -> Result<ClientFacts, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
+             (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
+             (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
+             l.* FROM (SELECT 1 AS one) AS o LEFT JOIN \
+             (SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
+              AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1) AS l ON TRUE"
+        ))
+        .bind(mac.to_string())
+        .bind(ips[0].map(|ip| ip.to_string()))
+        .bind(ips[1].map(|ip| ip.to_string()))
+        .bind(subnet)
+        .fetch_one(&self.lease_read)
+        .await?;
+        let reserved: Option<String> = row.try_get("reserved_ip")?;
+        let mut facts = ClientFacts {
+            reserved_ip: reserved.and_then(|s| s.parse().ok()),
+            ..Default::default()
+        };
+        for (ip, col) in ips.iter().zip(["first_reserved", "second_reserved"]) {
+            let n: i64 = row.try_get(col)?;
+            if let (Some(ip), true) = (ip, n > 0) {
+                facts.reserved_for_other.push(*ip);
+            }
+        }
+        let lease_ip: Option<i64> = row.try_get("ip")?;
+        if lease_ip.is_some() {
+            facts.lease = Some(lease_row(&row)?);
+        }
+        Ok(facts)
+    }
+}
