@@ -885,7 +885,13 @@ impl TalosNode {
             .expect("server config");
         tls.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
-        let ip = ips.first().copied().unwrap_or(addr.ip());
+        // The node's own address (what etcd and the health check know it by): not loopback.
+        let ip = ips
+            .iter()
+            .copied()
+            .find(|i| !i.is_loopback())
+            .or(ips.first().copied())
+            .unwrap_or(addr.ip());
         let node = Arc::new(Node {
             cfg: cfg.clone(),
             opts,
