@@ -63,6 +63,14 @@ impl Running {
 pub async fn open_store(config: &Config, migrate: bool) -> anyhow::Result<Stores> {
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("cannot create data directory {}", config.data_dir.display()))?;
+    open_store_in_place(config, migrate).await
+}
+
+/// Open the configured store without creating the data directory, migrating when asked: for
+/// commands that only read (no migration; the caller first checks that a SQLite file exists, so
+/// none is created either) and for migrating a PostgreSQL database, which needs no data
+/// directory.
+pub async fn open_store_in_place(config: &Config, migrate: bool) -> anyhow::Result<Stores> {
     let opts = StoreOptions {
         url: config.database_url.clone(),
         max_connections: config.max_connections,
@@ -160,7 +168,7 @@ pub fn workflows(
 /// Load the secret key from the environment, the key file, or the data directory (creating it
 /// there, mode 0600, on first start).
 pub fn secret_box(config: &Config) -> anyhow::Result<SecretBox> {
-    let text = match &config.secret_key {
+    let text = match config.require_secret_key()? {
         SecretKeySource::Env => std::env::var(SECRET_KEY_ENV)
             .with_context(|| format!("{SECRET_KEY_ENV} is not valid UTF-8"))?,
         SecretKeySource::File(p) => std::fs::read_to_string(p)
@@ -360,6 +368,14 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     }
     let secrets_for_configs = secrets.clone();
     let inventory = inventory(&stores, secrets);
+    // Before the API serves: BMC passwords sealed before they were bound to their BMC's origin.
+    // A store fault here does not keep the server down (a store fault is a 5xx or a 503, and the
+    // database answered `open_store` a moment ago): a password not re-sealed stays refused, never
+    // used the old way, and the next start re-seals it.
+    if let Err(e) = inventory.reseal_bmc_passwords("plinth").await {
+        tracing::error!(error = %e, "cannot re-seal stored BMC passwords for their BMC's origin; \
+            those not re-sealed stay unusable until the next start");
+    }
     let bmc = bmc_service(
         &inventory,
         &stores,

@@ -16,18 +16,89 @@ pub const DEFAULT_DATA_DIR: &str = "./plinth-data";
 pub const DEFAULT_HTTP: &str = "0.0.0.0:8080";
 /// Environment variable that holds the secret key (takes precedence over `secrets.key_file`).
 pub const SECRET_KEY_ENV: &str = "PLINTH_SECRET_KEY";
+/// Environment variable naming the settings file when `--config` does not.
+pub const CONFIG_ENV: &str = "PLINTH_CONFIG";
+/// Environment variable standing for `--database-url`.
+pub const DATABASE_URL_ENV: &str = "PLINTH_DATABASE_URL";
+/// The system-wide settings file, read when neither `--config` nor `PLINTH_CONFIG` names one and
+/// it exists.
+pub const SYSTEM_CONFIG: &str = "/etc/plinth/plinth.toml";
 
-/// A refused configuration value.
+/// The value of an environment variable; unset, empty and non-UTF-8 values all count as unset
+/// (a container image's `ENV PLINTH_CONFIG=""` means "no file", not "a file named ''").
+pub fn env_value(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+/// Where the settings come from: the first of `--config`, `PLINTH_CONFIG`, and the system file
+/// `/etc/plinth/plinth.toml` when it exists; else none, and the embedded defaults apply (the
+/// data directory `./plinth-data`). Every command that reads the settings finds them this way.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SettingsFile {
+    /// `--config FILE`.
+    Flag(PathBuf),
+    /// `PLINTH_CONFIG=FILE`.
+    Env(PathBuf),
+    /// The system file, which exists.
+    System(PathBuf),
+    /// No file: the embedded defaults.
+    Defaults,
+}
+
+impl SettingsFile {
+    /// Locate the settings from `--config`, the environment and the system file.
+    pub fn locate(flag: Option<&Path>) -> SettingsFile {
+        Self::locate_with(flag, env_value(CONFIG_ENV), Path::new(SYSTEM_CONFIG))
+    }
+
+    /// `locate` with the environment's value and the system file given.
+    pub fn locate_with(flag: Option<&Path>, env: Option<String>, system: &Path) -> SettingsFile {
+        if let Some(f) = flag.filter(|f| !f.as_os_str().is_empty()) {
+            SettingsFile::Flag(f.to_path_buf())
+        } else if let Some(e) = env {
+            SettingsFile::Env(PathBuf::from(e))
+        } else if system.exists() {
+            SettingsFile::System(system.to_path_buf())
+        } else {
+            SettingsFile::Defaults
+        }
+    }
+
+    /// The file, if any.
+    pub fn path(&self) -> Option<&Path> {
+        match self {
+            SettingsFile::Flag(p) | SettingsFile::Env(p) | SettingsFile::System(p) => Some(p),
+            SettingsFile::Defaults => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SettingsFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SettingsFile::Flag(p) => write!(f, "--config {}", p.display()),
+            SettingsFile::Env(p) => write!(f, "{CONFIG_ENV}={}", p.display()),
+            SettingsFile::System(p) => write!(f, "{} (the system default)", p.display()),
+            SettingsFile::Defaults => write!(
+                f,
+                "the embedded defaults (no --config, {CONFIG_ENV} or {SYSTEM_CONFIG})"
+            ),
+        }
+    }
+}
+
+/// A refused setting: a bad key or value of the TOML settings file, an override flag, or the
+/// environment.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("config key `{key}`: {message}")]
-pub struct ConfigError {
+pub struct SettingsError {
     /// Dotted key, e.g. `http.listen`.
     pub key: String,
     /// What is wrong and how to fix it.
     pub message: String,
 }
 
-impl ConfigError {
+impl SettingsError {
     fn new(key: &str, message: impl Into<String>) -> Self {
         Self {
             key: key.to_string(),
@@ -285,8 +356,9 @@ pub struct Config {
     pub http_listen: SocketAddr,
     /// Largest request body.
     pub max_body_bytes: usize,
-    /// Secret key source.
-    pub secret_key: SecretKeySource,
+    /// Secret key source; `None` with a PostgreSQL database and no key configured, which only
+    /// commands that need no key accept (`migrate`, `token`): see `require_secret_key`.
+    pub secret_key: Option<SecretKeySource>,
     /// Log format.
     pub log_format: LogFormat,
     /// Log filter.
@@ -343,29 +415,29 @@ pub struct DhcpConfig {
     pub subnets: Vec<crate::domain::dhcp::Subnet>,
 }
 
-fn ipv4(key: &str, v: &str) -> Result<std::net::Ipv4Addr, ConfigError> {
+fn ipv4(key: &str, v: &str) -> Result<std::net::Ipv4Addr, SettingsError> {
     v.trim()
         .parse()
-        .map_err(|_| ConfigError::new(key, format!("`{v}` is not an IPv4 address")))
+        .map_err(|_| SettingsError::new(key, format!("`{v}` is not an IPv4 address")))
 }
 
 impl RawDhcp {
-    fn validate(self) -> Result<Option<DhcpConfig>, ConfigError> {
+    fn validate(self) -> Result<Option<DhcpConfig>, SettingsError> {
         use crate::domain::dhcp::{Ipv4Range, Subnet, SubnetMode};
         if !self.enabled.unwrap_or(false) {
             return Ok(None);
         }
         let boot_url = self.boot_url.ok_or_else(|| {
-            ConfigError::new("dhcp.boot_url", "required with DHCP on: the http:// URL booting machines use to reach Plinth, e.g. http://10.0.0.1:8080")
+            SettingsError::new("dhcp.boot_url", "required with DHCP on: the http:// URL booting machines use to reach Plinth, e.g. http://10.0.0.1:8080")
         })?;
         if !(boot_url.starts_with("http://") || boot_url.starts_with("https://")) {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "dhcp.boot_url",
                 format!("`{boot_url}` must start with http:// (iPXE and UEFI fetch from it)"),
             ));
         }
         if self.subnet.is_empty() {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "dhcp.subnet",
                 "DHCP is on but no [[dhcp.subnet]] is configured",
             ));
@@ -375,9 +447,9 @@ impl RawDhcp {
             let k = |f: &str| format!("dhcp.subnet[{i}].{f}");
             let cidr = raw
                 .cidr
-                .ok_or_else(|| ConfigError::new(&k("cidr"), "required, e.g. 10.0.0.0/24"))?;
+                .ok_or_else(|| SettingsError::new(&k("cidr"), "required, e.g. 10.0.0.0/24"))?;
             let net: ipnet::Ipv4Net = cidr.trim().parse().map_err(|_| {
-                ConfigError::new(
+                SettingsError::new(
                     &k("cidr"),
                     format!("`{cidr}` is not an IPv4 network such as 10.0.0.0/24"),
                 )
@@ -388,7 +460,7 @@ impl RawDhcp {
                 "proxy" => SubnetMode::Proxy,
                 "off" => SubnetMode::Off,
                 other => {
-                    return Err(ConfigError::new(
+                    return Err(SettingsError::new(
                         &k("mode"),
                         format!("`{other}` is not authoritative, proxy or off"),
                     ))
@@ -405,7 +477,7 @@ impl RawDhcp {
                 || server_ip == net.network()
                 || (net.prefix_len() < 31 && server_ip == net.broadcast())
             {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     &k("server_ip"),
                     format!("{server_ip} is not a unicast address Plinth can answer from: use its address on {net}, or for a subnet behind a relay the address the relay forwards to"),
                 ));
@@ -414,18 +486,18 @@ impl RawDhcp {
             for r in &raw.pool {
                 let range: Ipv4Range = r
                     .parse()
-                    .map_err(|e: String| ConfigError::new(&k("pool"), e))?;
+                    .map_err(|e: String| SettingsError::new(&k("pool"), e))?;
                 if !net.contains(&range.first)
                     || !net.contains(&range.last)
                     || range.contains(net.network())
                     || range.contains(net.broadcast())
                 {
-                    return Err(ConfigError::new(&k("pool"), format!("`{r}` must lie inside {net}, without its network and broadcast addresses")));
+                    return Err(SettingsError::new(&k("pool"), format!("`{r}` must lie inside {net}, without its network and broadcast addresses")));
                 }
                 pool.push(range);
             }
             if mode == SubnetMode::Proxy && !pool.is_empty() {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     &k("pool"),
                     "a proxy subnet hands out no addresses: remove the pool",
                 ));
@@ -437,7 +509,10 @@ impl RawDhcp {
             };
             let lease_seconds = raw.lease_seconds.unwrap_or(3600);
             if lease_seconds < 60 {
-                return Err(ConfigError::new(&k("lease_seconds"), "must be at least 60"));
+                return Err(SettingsError::new(
+                    &k("lease_seconds"),
+                    "must be at least 60",
+                ));
             }
             let s = Subnet {
                 net,
@@ -454,7 +529,7 @@ impl RawDhcp {
                 .iter()
                 .find(|o| o.net.contains(&s.net.network()) || s.net.contains(&o.net.network()))
             {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     &k("cidr"),
                     format!("{} overlaps {}", s.net, o.net),
                 ));
@@ -479,7 +554,7 @@ impl RawDhcp {
 
 impl RawConfig {
     /// Parse TOML text; an unknown key or a wrong type names the key.
-    pub fn parse(text: &str) -> Result<RawConfig, ConfigError> {
+    pub fn parse(text: &str) -> Result<RawConfig, SettingsError> {
         let de = toml::Deserializer::new(text);
         serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
@@ -499,14 +574,14 @@ impl RawConfig {
                 ""
             };
             let at = line.map(|l| format!(" (line {l})")).unwrap_or_default();
-            ConfigError::new(&key, format!("{msg}{at}{fix}"))
+            SettingsError::new(&key, format!("{msg}{at}{fix}"))
         })
     }
 
     /// Read and parse a file.
-    pub fn load(path: &Path) -> Result<RawConfig, ConfigError> {
+    pub fn load(path: &Path) -> Result<RawConfig, SettingsError> {
         let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new("-", format!("cannot read {}: {e}", path.display())))?;
+            .map_err(|e| SettingsError::new("-", format!("cannot read {}: {e}", path.display())))?;
         Self::parse(&text).map_err(|mut e| {
             e.message = format!("{} in {}", e.message, path.display());
             e
@@ -514,14 +589,14 @@ impl RawConfig {
     }
 
     /// Apply overrides and validate.
-    pub fn validate(self, o: &Overrides) -> Result<Config, ConfigError> {
+    pub fn validate(self, o: &Overrides) -> Result<Config, SettingsError> {
         let data_dir = o
             .data_dir
             .clone()
             .or(self.data_dir)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         if data_dir.as_os_str().is_empty() {
-            return Err(ConfigError::new("data_dir", "must not be empty"));
+            return Err(SettingsError::new("data_dir", "must not be empty"));
         }
         let url = o
             .database_url
@@ -529,7 +604,7 @@ impl RawConfig {
             .or(self.database.url)
             .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("plinth.db").display()));
         let dialect = Dialect::of_url(&url).ok_or_else(|| {
-            ConfigError::new(
+            SettingsError::new(
                 "database.url",
                 format!(
                     "`{}` is not a database URL Plinth speaks; use sqlite://PATH or postgres://USER@HOST:PORT/DB",
@@ -539,7 +614,7 @@ impl RawConfig {
         })?;
         let max_connections = self.database.max_connections.unwrap_or(8);
         if !(1..=512).contains(&max_connections) {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "database.max_connections",
                 "must be between 1 and 512",
             ));
@@ -559,32 +634,25 @@ impl RawConfig {
         )?;
         let max_body = self.http.max_body_bytes.unwrap_or(32 * 1024 * 1024);
         if !(1024..=1024 * 1024 * 1024).contains(&max_body) {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "http.max_body_bytes",
                 "must be between 1024 and 1073741824 (1 GiB)",
             ));
         }
-        let secret_key = if std::env::var_os(SECRET_KEY_ENV).is_some() {
-            SecretKeySource::Env
+        let secret_key = if env_value(SECRET_KEY_ENV).is_some() {
+            Some(SecretKeySource::Env)
         } else if let Some(f) = self.secrets.key_file {
-            SecretKeySource::File(f)
+            Some(SecretKeySource::File(f))
         } else if dialect == Dialect::Postgres {
-            return Err(ConfigError::new(
-                "secrets.key_file",
-                format!(
-                    "required with a PostgreSQL database so that every instance shares one key: \
-                     create one with `plinth secret-key > /etc/plinth/secret.key` and set secrets.key_file \
-                     (or set {SECRET_KEY_ENV})"
-                ),
-            ));
+            None
         } else {
-            SecretKeySource::DataDir(data_dir.join("secret.key"))
+            Some(SecretKeySource::DataDir(data_dir.join("secret.key")))
         };
         let log_format = match self.log.format.as_deref() {
             None | Some("text") => LogFormat::Text,
             Some("json") => LogFormat::Json,
             Some(other) => {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "log.format",
                     format!("`{other}` is not `text` or `json`"),
                 ));
@@ -592,7 +660,7 @@ impl RawConfig {
         };
         let log_level = self.log.level.unwrap_or_else(|| "info".into());
         if tracing_subscriber::EnvFilter::try_new(&log_level).is_err() {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "log.level",
                 format!(
                     "`{log_level}` is not a log filter; use e.g. `info` or `plinth=debug,info`"
@@ -605,7 +673,7 @@ impl RawConfig {
             .map(|u| u.trim_end_matches('/').to_string());
         if let Some(u) = &boot_public_url {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "boot.public_url",
                     format!("`{u}` must start with http:// (iPXE fetches from it)"),
                 ));
@@ -622,7 +690,7 @@ impl RawConfig {
             None => None,
         };
         if images_listen.is_some_and(|a| a.port() != 0 && a == http_listen) {
-            return Err(ConfigError::new(
+            return Err(SettingsError::new(
                 "boot.images_listen",
                 format!("`{http_listen}` is http.listen already; give the image door its own port, e.g. 8081"),
             ));
@@ -633,13 +701,13 @@ impl RawConfig {
             .map(|u| u.trim_end_matches('/').to_string());
         match (&images_url, images_listen) {
             (Some(u), _) if !u.starts_with("http://") => {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "boot.images_url",
                     format!("`{u}` must start with http:// (the image door speaks plain HTTP)"),
                 ));
             }
             (Some(_), None) => {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "boot.images_url",
                     "is the URL of the image door: set boot.images_listen too, or remove it",
                 ));
@@ -653,20 +721,20 @@ impl RawConfig {
             )?;
             let max_block_size = self.tftp.max_block_size.unwrap_or(1468);
             if !(512..=65464).contains(&max_block_size) {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "tftp.max_block_size",
                     "must be between 512 and 65464 (RFC 2348)",
                 ));
             }
             let max_window_size = self.tftp.max_window_size.unwrap_or(16);
             if !(1..=64).contains(&max_window_size) {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "tftp.max_window_size",
                     "must be between 1 and 64",
                 ));
             }
             if !ipxe_dir.is_dir() {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "boot.ipxe_dir",
                     format!(
                         "{} is not a directory of iPXE binaries: run `ipxe/fetch.sh {}` (after `apt-get install ipxe`), or set boot.ipxe_dir",
@@ -685,7 +753,7 @@ impl RawConfig {
         };
         let talos_schema_dir = match self.talos.schema_dir {
             Some(d) if !d.is_dir() => {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "talos.schema_dir",
                     format!(
                         "{} is not a directory: point it at a directory of config.schema.v<version>.json files",
@@ -697,10 +765,10 @@ impl RawConfig {
         };
         let w = &self.workflows;
         let secs =
-            |key: &str, v: Option<u64>, default: u64| -> Result<chrono::Duration, ConfigError> {
+            |key: &str, v: Option<u64>, default: u64| -> Result<chrono::Duration, SettingsError> {
                 let v = v.unwrap_or(default);
                 if !(1..=604_800).contains(&v) {
-                    return Err(ConfigError::new(
+                    return Err(SettingsError::new(
                         key,
                         "must be between 1 and 604800 seconds",
                     ));
@@ -716,7 +784,7 @@ impl RawConfig {
             health_every: secs("workflows.health_seconds", w.health_seconds, 60)?,
             talos_api_port: match w.talos_api_port {
                 Some(0) => {
-                    return Err(ConfigError::new(
+                    return Err(SettingsError::new(
                         "workflows.talos_api_port",
                         "must be a port number (1-65535)",
                     ))
@@ -728,7 +796,7 @@ impl RawConfig {
                 "pxe" => crate::service::bmc::BootTarget::Pxe,
                 "http" => crate::service::bmc::BootTarget::Http,
                 other => {
-                    return Err(ConfigError::new(
+                    return Err(SettingsError::new(
                         "workflows.boot_target",
                         format!("`{other}` is not `pxe` or `http`"),
                     ))
@@ -740,7 +808,7 @@ impl RawConfig {
             .unwrap_or(std::time::Duration::from_secs(2));
         let image_factory = match self.images.factory_url {
             Some(u) if !(u.starts_with("https://") || u.starts_with("http://")) => {
-                return Err(ConfigError::new(
+                return Err(SettingsError::new(
                     "images.factory_url",
                     format!("`{u}` is not an http(s) URL, e.g. https://factory.talos.dev"),
                 ))
@@ -772,7 +840,7 @@ impl RawConfig {
 }
 
 /// Parse `IP:PORT`, naming the key on failure.
-pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
+pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, SettingsError> {
     v.trim().parse::<SocketAddr>().map_err(|_| {
         let hint = match v.rsplit_once(':') {
             Some((_, port)) if port.parse::<u16>().is_err() => {
@@ -783,7 +851,7 @@ pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
             }
             None => "the port is missing".to_string(),
         };
-        ConfigError::new(
+        SettingsError::new(
             key,
             format!("`{v}` is not IP:PORT: {hint}; e.g. 0.0.0.0:8080 or [::]:8080"),
         )
@@ -791,8 +859,23 @@ pub fn parse_addr(key: &str, v: &str) -> Result<SocketAddr, ConfigError> {
 }
 
 impl Config {
+    /// Where the secret key comes from, or the refusal for a PostgreSQL database without one
+    /// (every instance must share one key). The server asks before it opens anything.
+    pub fn require_secret_key(&self) -> Result<&SecretKeySource, SettingsError> {
+        self.secret_key.as_ref().ok_or_else(|| {
+            SettingsError::new(
+                "secrets.key_file",
+                format!(
+                    "required with a PostgreSQL database so that every instance shares one key: \
+                     create one with `plinth secret-key > /etc/plinth/secret.key` and set secrets.key_file \
+                     (or set {SECRET_KEY_ENV})"
+                ),
+            )
+        })
+    }
+
     /// Load from an optional file plus overrides.
-    pub fn load(file: Option<&Path>, o: &Overrides) -> Result<Config, ConfigError> {
+    pub fn load(file: Option<&Path>, o: &Overrides) -> Result<Config, SettingsError> {
         let raw = match file {
             Some(p) => RawConfig::load(p)?,
             None => RawConfig::default(),
@@ -921,13 +1004,45 @@ mod tests {
         if std::env::var_os(SECRET_KEY_ENV).is_some() {
             return; // the environment supplies the key; the rule does not apply
         }
-        let e = RawConfig::default()
+        let c = RawConfig::default()
             .validate(&Overrides {
                 database_url: Some("postgres://u@h/db".into()),
                 ..Default::default()
             })
-            .expect_err("needs key");
+            .expect("valid for commands that need no key (migrate, token)");
+        let e = c.require_secret_key().expect_err("needs key");
         assert_eq!(e.key, "secrets.key_file");
+    }
+
+    #[test]
+    fn settings_file_is_flag_then_environment_then_system_file() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let system = dir.path().join("plinth.toml");
+        let flag = Path::new("/srv/a.toml");
+        let env = || Some("/srv/b.toml".to_string());
+        assert_eq!(
+            SettingsFile::locate_with(Some(flag), env(), &system),
+            SettingsFile::Flag(flag.into())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(None, env(), &system),
+            SettingsFile::Env("/srv/b.toml".into())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(None, None, &system),
+            SettingsFile::Defaults,
+            "a system file that does not exist is not used"
+        );
+        std::fs::write(&system, "").expect("write");
+        assert_eq!(
+            SettingsFile::locate_with(None, None, &system),
+            SettingsFile::System(system.clone())
+        );
+        assert_eq!(
+            SettingsFile::locate_with(Some(Path::new("")), None, &system),
+            SettingsFile::System(system),
+            "an empty --config counts as not given"
+        );
     }
 
     #[test]

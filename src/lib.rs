@@ -6,9 +6,6 @@
 pub mod app;
 pub mod bmc;
 pub mod cli;
-pub mod cli_bmc;
-pub mod cli_cluster;
-pub mod cli_config;
 pub mod config;
 pub mod declare;
 pub mod dhcp;

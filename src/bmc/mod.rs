@@ -1,16 +1,22 @@
 //! The Redfish client: power, one-time boot override, virtual media, out-of-band inspection and
 //! capability probing of a machine's BMC, over `reqwest` with rustls.
 //!
-//! Layout: the `Bmc` trait, its result types and `BmcError` live in `crate::service::bmc` (the
-//! service layer owns the traits it needs) and are re-exported here;
-//! `transport` owns HTTP (sessions, ETags, task monitors, retries, timeouts, the per-BMC request
-//! limit); `tls` builds the rustls configuration (system roots, a pinned certificate fingerprint, or
-//! explicitly insecure); `odata` follows `@odata.id` links and pages through collections; `quirks`
-//! is the one table of vendor differences; `redfish` implements `Bmc` on top of them.
+//! Layout: the `Bmc` trait, its result types and `BmcError` are the BMC port,
+//! `crate::service::ports::bmc` (the service layer owns the traits it needs), and the inspected
+//! hardware types are domain data (`crate::domain::inspection`); both are re-exported here;
+//! `transport/` owns HTTP, one file per concern (`endpoint`, `request` with retries, timeouts and
+//! the per-BMC request limit, `session`, `etag`, `task`); `tls` builds the rustls configuration
+//! (system roots, a pinned certificate fingerprint, or explicitly insecure); `odata` reads Redfish
+//! JSON (links, collection pages, properties); `quirks` is the one table of vendor differences;
+//! `redfish/` implements `Bmc` on top of them, one file per concern (`discovery`, `power`, `boot`,
+//! `media`, `inspect`, `capabilities`).
 //!
 //! Every resource is found by following links from the service root; no path but `/redfish/v1/` is
-//! ever built by hand. This module may import `domain` (MAC addresses, disk types, TLS modes) and
-//! nothing from `store`, `http` or the front doors. Passwords and session tokens are never logged.
+//! ever built by hand. This module may import `domain` (MAC addresses, disk types, TLS modes,
+//! inspected hardware) and the BMC port (`service::ports`), nothing from the use cases, `store`,
+//! `http` or the front doors. Passwords and session tokens are never logged,
+//! never sent to another origin than the configured one (links resolve on it, redirects are not
+//! followed), and never sent to an `http://` BMC unless its TLS mode is `insecure-http`.
 
 mod odata;
 mod quirks;
@@ -18,10 +24,12 @@ mod redfish;
 mod tls;
 mod transport;
 
-pub use crate::service::bmc::{
-    disk_type_of, Bmc, BmcError, BootMode, BootOverride, BootTarget, Capabilities, DriveSource,
-    EtagSupport, InspectedDrive, InspectedHardware, InspectedNic, MediaLocation, PowerAction,
-    PowerState, VirtualMediaStatus,
+pub use crate::domain::{
+    disk_type_of, DriveSource, InspectedDrive, InspectedHardware, InspectedNic,
+};
+pub use crate::service::ports::bmc::{
+    Bmc, BmcError, BootMode, BootOverride, BootTarget, Capabilities, EtagSupport, MediaLocation,
+    PowerAction, PowerState, VirtualMediaStatus,
 };
 pub use quirks::{quirks_for, ModeInPatch, Quirks, QUIRKS};
 pub use redfish::RedfishBmc;
@@ -35,7 +43,7 @@ pub struct RedfishConnector {
     pub options: BmcOptions,
 }
 
-impl crate::service::BmcConnector for RedfishConnector {
+impl crate::service::ports::BmcConnector for RedfishConnector {
     fn connect(
         &self,
         bmc: &crate::domain::Bmc,

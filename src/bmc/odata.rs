@@ -1,6 +1,9 @@
-//! Reading Redfish JSON leniently: `@odata.id` links, collection members across
-//! `Members@odata.nextLink` pages, and optional text fields (absent, `null` and blank are all "not
-//! reported"; unknown enum values stay text).
+//! Reading Redfish JSON leniently: properties, `@odata.id` links, collection members across
+//! `Members@odata.nextLink` pages, and optional text fields (unknown enum values stay text).
+//!
+//! A property shown as `null` is an absent one: BMCs (AMI MegaRAC among them) list properties they
+//! do not support with a `null` value. Every reader of Redfish JSON in `bmc` goes through `prop`
+//! or `at`, so what the capability probe reports and what an operation does always agree.
 
 use serde_json::Value;
 
@@ -10,49 +13,85 @@ use super::BmcError;
 /// Most pages followed in one collection; a BMC that links pages in a loop stops here.
 const MAX_PAGES: usize = 64;
 
+/// The property `key` of a resource; `None` when it is absent or `null`.
+pub(crate) fn prop<'a>(v: &'a Value, key: &str) -> Option<&'a Value> {
+    v.get(key).filter(|p| !p.is_null())
+}
+
+/// The value at a JSON pointer (RFC 6901); `None` when it, or anything on the way, is absent or
+/// `null`.
+pub(crate) fn at<'a>(v: &'a Value, pointer: &str) -> Option<&'a Value> {
+    v.pointer(pointer).filter(|p| !p.is_null())
+}
+
+/// The action `name` (e.g. `#ComputerSystem.Reset`) of a resource's `Actions`.
+pub(crate) fn action<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    prop(v, "Actions").and_then(|a| prop(a, name))
+}
+
 /// `v[key]["@odata.id"]`.
 pub(crate) fn link(v: &Value, key: &str) -> Option<String> {
-    v.get(key)
-        .and_then(|l| l.get("@odata.id"))
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_string)
+    prop(v, key).and_then(|l| text(l, "@odata.id"))
 }
 
 /// Links of an array of `{"@odata.id": ...}` at a JSON pointer.
 pub(crate) fn links_at(v: &Value, pointer: &str) -> Vec<String> {
-    v.pointer(pointer)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|m| m.get("@odata.id").and_then(Value::as_str))
-                .filter(|s| !s.is_empty())
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default()
+    list_at(v, pointer)
+        .iter()
+        .filter_map(|m| text(m, "@odata.id"))
+        .collect()
 }
 
-/// A text field, trimmed; `None` when absent, null, not text, or blank.
+/// A text property, trimmed; `None` when absent, null, not text, or blank.
 pub(crate) fn text(v: &Value, key: &str) -> Option<String> {
-    v.get(key)
-        .and_then(Value::as_str)
+    text_of(prop(v, key))
+}
+
+/// A text value at a JSON pointer, trimmed; `None` when absent, null, not text, or blank.
+pub(crate) fn text_at(v: &Value, pointer: &str) -> Option<String> {
+    text_of(at(v, pointer))
+}
+
+fn text_of(v: Option<&Value>) -> Option<String> {
+    v.and_then(Value::as_str)
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_string)
 }
 
-/// A list of text values at a JSON pointer.
-pub(crate) fn texts_at(v: &Value, pointer: &str) -> Vec<String> {
-    v.pointer(pointer)
+/// A boolean property; `None` when absent, null or not a boolean.
+pub(crate) fn flag(v: &Value, key: &str) -> Option<bool> {
+    prop(v, key).and_then(Value::as_bool)
+}
+
+/// A non-negative integer property; `None` when absent, null or not one.
+pub(crate) fn number(v: &Value, key: &str) -> Option<u64> {
+    prop(v, key).and_then(Value::as_u64)
+}
+
+/// An array property; empty when absent, null or not an array.
+pub(crate) fn list<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    prop(v, key)
         .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
+        .map(Vec::as_slice)
         .unwrap_or_default()
+}
+
+/// An array at a JSON pointer; empty when absent, null or not an array.
+pub(crate) fn list_at<'a>(v: &'a Value, pointer: &str) -> &'a [Value] {
+    at(v, pointer)
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+/// A list of text values at a JSON pointer (null members and non-text members skipped).
+pub(crate) fn texts_at(v: &Value, pointer: &str) -> Vec<String> {
+    list_at(v, pointer)
+        .iter()
+        .filter_map(Value::as_str)
+        .map(str::to_string)
+        .collect()
 }
 
 /// Compare two links ignoring a trailing slash and the origin.
@@ -101,12 +140,7 @@ pub(crate) async fn members(t: &Transport, collection: &str) -> Result<Vec<Strin
                 out.push(m);
             }
         }
-        next = doc
-            .json
-            .get("Members@odata.nextLink")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty())
-            .map(str::to_string);
+        next = text(&doc.json, "Members@odata.nextLink");
     }
     Ok(out)
 }
@@ -128,6 +162,47 @@ mod tests {
         assert_eq!(link(&v, "L").as_deref(), Some("/r/1"));
         assert_eq!(links_at(&v, "/M"), vec!["/r/a".to_string()]);
         assert_eq!(texts_at(&v, "/T"), vec!["a".to_string(), "b".to_string()]);
+    }
+
+    #[test]
+    fn null_is_absent() {
+        let v = json!({"Boot": null, "PowerState": null, "UUID": null, "Inserted": null,
+            "CapacityBytes": null, "Members": null, "Link": null, "Actions": {"#A.B": null},
+            "Sys": {"Boot": {"BootSourceOverrideMode": null,
+                "BootSourceOverrideTarget@Redfish.AllowableValues": null}},
+            "Mixed": ["a", null, "b"], "Links": [{"@odata.id": null}, {"@odata.id": "/r/1"}]});
+        for key in [
+            "Boot",
+            "PowerState",
+            "UUID",
+            "Inserted",
+            "CapacityBytes",
+            "Members",
+            "Nope",
+        ] {
+            assert_eq!(prop(&v, key), None, "{key}");
+        }
+        assert!(prop(&v, "Sys").is_some());
+        assert_eq!(at(&v, "/Sys/Boot/BootSourceOverrideMode"), None);
+        assert_eq!(at(&v, "/Boot/BootSourceOverrideMode"), None);
+        assert_eq!(text(&v, "PowerState"), None);
+        assert_eq!(text_at(&v, "/Sys/Boot/BootSourceOverrideMode"), None);
+        assert_eq!(flag(&v, "Inserted"), None);
+        assert_eq!(number(&v, "CapacityBytes"), None);
+        assert!(list(&v, "Members").is_empty());
+        assert!(texts_at(
+            &v,
+            "/Sys/Boot/BootSourceOverrideTarget@Redfish.AllowableValues"
+        )
+        .is_empty());
+        assert_eq!(
+            texts_at(&v, "/Mixed"),
+            vec!["a".to_string(), "b".to_string()]
+        );
+        assert_eq!(link(&v, "Link"), None);
+        assert_eq!(links_at(&v, "/Links"), vec!["/r/1".to_string()]);
+        assert_eq!(action(&v, "#A.B"), None);
+        assert_eq!(action(&v, "#Missing"), None);
     }
 
     #[test]

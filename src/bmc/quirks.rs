@@ -6,7 +6,7 @@
 //! trailing slashes are tolerated; ETag ladders on 412/428; task monitors are polled; success is
 //! the status code; the boot override and virtual media are read back.
 
-use crate::service::bmc::MediaLocation;
+use crate::service::ports::bmc::MediaLocation;
 
 /// When to send `BootSourceOverrideMode` with a boot override.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! TLS for BMC connections: verify against the system's root certificates, or against a pinned
 //! SHA-256 fingerprint of the BMC's certificate (BMCs ship self-signed certificates), or not at all
-//! when an operator set that explicitly for this BMC.
+//! when an operator set that explicitly for this BMC. `PlainHttp` is the explicit consent to an
+//! `http://` BMC, whose password crosses the network in clear; it has no TLS configuration.
 //!
 //! A pinned certificate is the BMC's identity: its host name is not checked (BMC certificates name
 //! whatever the factory put there), but the handshake signature still is, so only the holder of the
@@ -60,6 +61,9 @@ pub enum TlsPolicy {
     Pinned(CertFingerprint),
     /// Not at all. Only when set explicitly for this BMC.
     Insecure,
+    /// No TLS: an `http://` BMC, set explicitly (`insecure-http`). Without it, the client refuses
+    /// to send a password to an `http://` URL.
+    PlainHttp,
 }
 
 impl TlsPolicy {
@@ -68,6 +72,7 @@ impl TlsPolicy {
         match (mode, fingerprint) {
             (TlsMode::Verify, _) => Ok(TlsPolicy::Verify),
             (TlsMode::Insecure, _) => Ok(TlsPolicy::Insecure),
+            (TlsMode::InsecureHttp, _) => Ok(TlsPolicy::PlainHttp),
             (TlsMode::Pinned, Some(fp)) => Ok(TlsPolicy::Pinned(CertFingerprint::parse(fp)?)),
             (TlsMode::Pinned, None) => Err(BmcError::Config(
                 "TLS mode `pinned` needs the SHA-256 fingerprint of the BMC certificate".into(),
@@ -81,6 +86,7 @@ impl TlsPolicy {
             TlsPolicy::Verify => TlsMode::Verify,
             TlsPolicy::Pinned(_) => TlsMode::Pinned,
             TlsPolicy::Insecure => TlsMode::Insecure,
+            TlsPolicy::PlainHttp => TlsMode::InsecureHttp,
         }
     }
 
@@ -90,25 +96,31 @@ impl TlsPolicy {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| BmcError::Config(format!("TLS protocol versions: {e}")))?;
-        let config = match self {
-            TlsPolicy::Verify => builder
-                .with_root_certificates(system_roots()?)
-                .with_no_client_auth(),
-            TlsPolicy::Pinned(fp) => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
-                    pin: Some(*fp),
-                    provider,
-                }))
-                .with_no_client_auth(),
-            TlsPolicy::Insecure => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
-                    pin: None,
-                    provider,
-                }))
-                .with_no_client_auth(),
-        };
+        let config =
+            match self {
+                TlsPolicy::Verify => builder
+                    .with_root_certificates(system_roots()?)
+                    .with_no_client_auth(),
+                TlsPolicy::Pinned(fp) => builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
+                        pin: Some(*fp),
+                        provider,
+                    }))
+                    .with_no_client_auth(),
+                TlsPolicy::Insecure => builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(PinnedVerifier {
+                        pin: None,
+                        provider,
+                    }))
+                    .with_no_client_auth(),
+                TlsPolicy::PlainHttp => return Err(BmcError::Config(
+                    "bmc.tls `insecure-http` is only for http:// BMC URLs; an https:// BMC takes \
+                     verify, pinned or insecure"
+                        .into(),
+                )),
+            };
         Ok(config)
     }
 }
@@ -231,5 +243,12 @@ mod tests {
         assert_eq!(p.mode(), TlsMode::Pinned);
         assert!(TlsPolicy::Insecure.client_config().is_ok());
         assert!(p.client_config().is_ok());
+        let plain = TlsPolicy::from_inventory(TlsMode::InsecureHttp, None).expect("plain");
+        assert_eq!(plain, TlsPolicy::PlainHttp);
+        assert_eq!(plain.mode(), TlsMode::InsecureHttp);
+        assert!(
+            plain.client_config().is_err(),
+            "no TLS for a plain-HTTP BMC"
+        );
     }
 }

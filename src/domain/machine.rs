@@ -142,6 +142,9 @@ text_enum!(
         Pinned = "pinned",
         /// Not at all; only when set explicitly for this BMC.
         Insecure = "insecure",
+        /// No TLS: an `http://` BMC, whose password crosses the network in clear. Needed for (and
+        /// only allowed with) an `http://` URL that has a password.
+        InsecureHttp = "insecure-http",
     }
 );
 
@@ -198,10 +201,11 @@ pub struct BmcSpec {
     pub url: String,
     /// Redfish user name.
     pub username: String,
-    /// Password; write-only. Omitted on update: keep the stored one. Empty: remove it.
+    /// Password; write-only. Omitted on update: keep the stored one, unless the URL moves to
+    /// another origin (scheme, host or port): then it is discarded. Empty: remove it.
     #[serde(default, skip_serializing)]
     pub password: Option<String>,
-    /// TLS verification mode.
+    /// TLS verification mode; `insecure-http` for an `http://` URL that has a password.
     #[serde(default = "default_tls")]
     pub tls: TlsMode,
     /// SHA-256 fingerprint of the BMC certificate, required when `tls` is `pinned`.
@@ -211,6 +215,55 @@ pub struct BmcSpec {
 
 fn default_tls() -> TlsMode {
     TlsMode::Verify
+}
+
+impl BmcSpec {
+    /// Whether `tls` fits the URL's scheme, given whether a password goes to the BMC: a password
+    /// for an `http://` URL needs `insecure-http` (said explicitly, since it crosses the network in
+    /// clear), and `insecure-http` is for `http://` URLs only. The error is about `bmc.tls`.
+    pub fn check_transport(&self, with_password: bool) -> Result<(), String> {
+        let Ok(origin) = bmc_origin(&self.url) else {
+            return Ok(()); // `bmc.url` itself is refused.
+        };
+        let plain = origin.starts_with("http://");
+        match (plain, self.tls) {
+            (true, TlsMode::InsecureHttp) => Ok(()),
+            (true, _) if !with_password => Ok(()),
+            (true, _) => Err(format!(
+                "must be `insecure-http` for an http:// BMC URL with a password ({origin}): the \
+                 password would cross the network in clear. Use https:// if the BMC offers it, or \
+                 set bmc.tls = insecure-http to accept that"
+            )),
+            (false, TlsMode::InsecureHttp) => Err(format!(
+                "`insecure-http` is only for http:// BMC URLs; {origin} takes verify, pinned or \
+                 insecure"
+            )),
+            (false, _) => Ok(()),
+        }
+    }
+}
+
+/// The origin (RFC 6454 §4) of a BMC URL, `scheme://host:port`: the host as the URL parser
+/// normalises it (lower case, IPv6 in brackets) and the port always spelled out. A stored BMC
+/// password belongs to one origin: it is sealed for it, and dropped when the URL leaves it.
+pub fn bmc_origin(url: &str) -> Result<String, String> {
+    let u = url::Url::parse(url.trim()).map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    if !matches!(u.scheme(), "http" | "https") {
+        return Err(format!("`{url}` must start with https:// or http://"));
+    }
+    if !u.username().is_empty() || u.password().is_some() {
+        return Err(format!(
+            "`{url}` has no valid host (credentials belong in bmc.username/bmc.password)"
+        ));
+    }
+    let host = u
+        .host_str()
+        .filter(|h| !h.is_empty())
+        .ok_or_else(|| format!("`{url}` has no valid host"))?;
+    let port = u
+        .port_or_known_default()
+        .ok_or_else(|| format!("`{url}` has no port"))?;
+    Ok(format!("{}://{host}:{port}", u.scheme()))
 }
 
 impl fmt::Debug for BmcSpec {
@@ -590,9 +643,8 @@ impl MachineSpec {
         }
         if let Some(b) = &mut self.bmc {
             b.url = b.url.trim().to_string();
-            match reqwest_free_url_check(&b.url) {
-                Ok(()) => {}
-                Err(e) => errs.push("bmc.url", e),
+            if let Err(e) = bmc_origin(&b.url) {
+                errs.push("bmc.url", e);
             }
             b.username = b.username.trim().to_string();
             if b.username.is_empty() {
@@ -613,24 +665,13 @@ impl MachineSpec {
                 (_, Some(_)) => errs.push("bmc.fingerprint", "only allowed when bmc.tls is `pinned`"),
                 (_, None) => {}
             }
+            let with_password = b.password.as_deref().is_some_and(|p| !p.is_empty());
+            if let Err(e) = b.check_transport(with_password) {
+                errs.push("bmc.tls", e);
+            }
         }
         errs.into_result().map(|()| self)
     }
-}
-
-/// Checks that a BMC URL is an absolute http(s) URL with a host, without pulling in a URL crate here.
-fn reqwest_free_url_check(url: &str) -> Result<(), String> {
-    let rest = url
-        .strip_prefix("https://")
-        .or_else(|| url.strip_prefix("http://"))
-        .ok_or_else(|| format!("`{url}` must start with https:// or http://"))?;
-    let host = rest.split(['/', '?', '#']).next().unwrap_or("");
-    if host.is_empty() || host.contains(char::is_whitespace) || host.contains('@') {
-        return Err(format!(
-            "`{url}` has no valid host (credentials belong in bmc.username/bmc.password)"
-        ));
-    }
-    Ok(())
 }
 
 /// Lower-case hex without separators, 64 digits.
@@ -749,6 +790,73 @@ mod tests {
                 "bmc.fingerprint"
             ]
         );
+    }
+
+    #[test]
+    fn bmc_origins() {
+        let o = |u: &str| bmc_origin(u);
+        assert_eq!(o("https://10.0.0.5").as_deref(), Ok("https://10.0.0.5:443"));
+        assert_eq!(
+            o(" https://10.0.0.5:443/redfish/v1 ").as_deref(),
+            Ok("https://10.0.0.5:443")
+        );
+        assert_eq!(
+            o("HTTP://BMC.Example:8000/x?y#z").as_deref(),
+            Ok("http://bmc.example:8000")
+        );
+        assert_eq!(o("http://[fe80::1]").as_deref(), Ok("http://[fe80::1]:80"));
+        assert_ne!(o("https://10.0.0.5"), o("http://10.0.0.5"));
+        assert_ne!(o("https://10.0.0.5"), o("https://10.0.0.5:8443"));
+        for bad in [
+            "ftp://x",
+            "10.0.0.5",
+            "https://",
+            "https://u:p@host",
+            "http://a b",
+        ] {
+            assert!(o(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_password_over_plain_http_needs_insecure_http() {
+        let b = |url: &str, tls: TlsMode| BmcSpec {
+            url: url.into(),
+            username: "root".into(),
+            password: None,
+            tls,
+            fingerprint: None,
+        };
+        assert!(b("http://10.0.0.5", TlsMode::Verify)
+            .check_transport(false)
+            .is_ok());
+        let e = b("http://10.0.0.5", TlsMode::Verify)
+            .check_transport(true)
+            .expect_err("refused");
+        assert!(e.contains("insecure-http"), "{e}");
+        assert!(b("http://10.0.0.5", TlsMode::Insecure)
+            .check_transport(true)
+            .is_err());
+        assert!(b("http://10.0.0.5", TlsMode::InsecureHttp)
+            .check_transport(true)
+            .is_ok());
+        assert!(b("https://10.0.0.5", TlsMode::InsecureHttp)
+            .check_transport(false)
+            .is_err());
+        assert!(b("https://10.0.0.5", TlsMode::Verify)
+            .check_transport(true)
+            .is_ok());
+
+        let spec = MachineSpec {
+            bmc: Some(BmcSpec {
+                password: Some("pw".into()),
+                ..b("http://10.0.0.5", TlsMode::Verify)
+            }),
+            ..Default::default()
+        };
+        let errs = spec.validate().expect_err("refused");
+        assert_eq!(errs.0.len(), 1);
+        assert_eq!(errs.0[0].field, "bmc.tls");
     }
 
     #[test]

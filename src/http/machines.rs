@@ -15,7 +15,12 @@ use crate::domain::{LifecycleState, Machine, MachineId, MachineSpec, Role, Uniqu
 use crate::service::{ApiRole, Event, EventFilter, MachineFilter, MachinePage};
 
 fn with_etag(status: StatusCode, m: &Machine) -> Response {
-    let mut resp = (status, Json(m)).into_response();
+    answer(status, m, m)
+}
+
+/// `body` with the ETag (and, for 201, the Location) of machine `m`.
+fn answer<T: Serialize>(status: StatusCode, body: &T, m: &Machine) -> Response {
+    let mut resp = (status, Json(body)).into_response();
     if let Ok(v) = HeaderValue::from_str(&format!("\"{}\"", m.version)) {
         resp.headers_mut().insert(header::ETAG, v);
     }
@@ -25,6 +30,17 @@ fn with_etag(status: StatusCode, m: &Machine) -> Response {
         }
     }
     resp
+}
+
+/// A machine after an edit, with what the edit did besides (e.g. a BMC password discarded).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EditedMachine {
+    /// The machine as stored.
+    #[serde(flatten)]
+    pub machine: Machine,
+    /// Side effects in words; absent when there were none.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notices: Vec<String>,
 }
 
 fn parse_opt<T: std::str::FromStr<Err = String>>(
@@ -74,10 +90,12 @@ pub async fn show(
 }
 
 /// Edit a machine with a JSON merge patch (RFC 7386). Send the version as `If-Match` (or as
-/// `version` in the body); a stale version gets 412 and changes nothing.
+/// `version` in the body); a stale version gets 412 and changes nothing. Moving `bmc.url` to
+/// another origin (scheme, host or port) discards the stored BMC password unless the same patch
+/// sets `bmc.password`; the answer's `notices` say so.
 #[utoipa::path(patch, path = "/api/v1/machines/{id}", tag = "machines", request_body(content = Object, description = "fields to change; null clears"),
     params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = Option<String>, Header, description = "the machine's ETag")),
-    responses((status = 200, body = Machine), (status = 409, body = ErrorEnvelope), (status = 412, body = ErrorEnvelope, description = "stale version"),
+    responses((status = 200, body = EditedMachine), (status = 409, body = ErrorEnvelope), (status = 412, body = ErrorEnvelope, description = "stale version"),
               (status = 428, body = ErrorEnvelope, description = "no version sent"), (status = 422, body = ErrorEnvelope)),
     security(("bearer" = [])))]
 pub async fn update(
@@ -90,15 +108,20 @@ pub async fn update(
     caller.require(ApiRole::Operator)?;
     let version = if_match(&headers)?;
     let current = s.inventory.resolve(&id).await?;
-    let m = s
+    let edited = s
         .inventory
-        .update(current.id, version, patch, &caller.actor())
+        .edit(current.id, version, patch, &caller.actor())
         .await?;
+    let m = edited.machine;
     tracing::info!(machine = %m.id, version = m.version, actor = %caller.actor(), "machine updated");
     if m.bmc.is_some() && m.bmc != current.bmc {
         s.bmc.probe_in_background(m.id, &caller.actor());
     }
-    Ok(with_etag(StatusCode::OK, &m))
+    let body = EditedMachine {
+        machine: m,
+        notices: edited.notices,
+    };
+    Ok(answer(StatusCode::OK, &body, &body.machine))
 }
 
 /// Remove a machine. Needs `If-Match`.

@@ -43,7 +43,7 @@ impl Modify for Bearer {
         super::clusters::kubeconfig, super::clusters::health,
     ),
     components(schemas(
-        Machine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
+        Machine, machines::EditedMachine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
         MachineId, MachinePage, MachineRef, Conflict, RowError, FieldError, Event, ErrorBody, ErrorEnvelope,
         bmc::PowerRequest, bmc::BootOnceRequest, bmc::MediaInsertRequest, PowerReport, BootOnceReport,
         MediaReport, InspectionReport, FieldChange, InspectConflict, CapabilityRecord, PowerAction,

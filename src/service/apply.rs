@@ -221,6 +221,9 @@ pub async fn apply(
                 } else {
                     Action::Unchanged
                 };
+                if let Some(note) = password_note(&host, &current[i], &spec_after) {
+                    report.notes.push(note);
+                }
                 (spec_after, changed.then_some(patch), action)
             }
         };
@@ -317,6 +320,21 @@ pub async fn apply(
     configs.put_config_objects(&write, &[event]).await?;
     report.applied = true;
     Ok(report)
+}
+
+/// A declared machine whose BMC moves to another origin loses its stored password (the directory
+/// never carries one): say so in the plan.
+fn password_note(host: &str, current: &Machine, after: &MachineSpec) -> Option<String> {
+    let before = current.bmc.as_ref().filter(|b| b.has_password)?;
+    let after = after.bmc.as_ref()?;
+    let origin = |u: &str| crate::domain::bmc_origin(u).unwrap_or_else(|_| u.to_string());
+    let (from, to) = (origin(&before.url), origin(&after.url));
+    (from != to).then(|| {
+        format!(
+            "Machine {host}: bmc.url moves from {from} to {to}: its stored BMC password is \
+             discarded; set it again with `plinth machine edit {host} --set bmc.password=...`"
+        )
+    })
 }
 
 fn kind_title(g: &GroupSpec) -> &'static str {

@@ -4,6 +4,13 @@
 //!
 //! Takes the machines, events, configs (a machine leaving `provisioning` closes its window) and
 //! store-health ports; imports `domain` and nothing from `store` or the front doors.
+//!
+//! A BMC password belongs to its BMC's origin (`scheme://host:port`): it is sealed with the machine
+//! id and that origin as associated data, so a row whose URL was changed behind Plinth's back does
+//! not open for the new origin; and an edit that moves `bmc.url` to another origin discards the
+//! stored password unless the same edit brings a new one (and says so in its answer and event).
+//! Passwords sealed before this binding (machine id only) are re-sealed once, at start, by
+//! `reseal_bmc_passwords`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,8 +47,35 @@ pub struct Inventory {
     secrets: SecretBox,
 }
 
-fn password_context(id: MachineId) -> String {
+/// Associated data of a BMC password: the machine and the origin the password belongs to.
+fn password_context(id: MachineId, origin: &str) -> String {
+    format!("bmc-password:{id}:{origin}")
+}
+
+/// Associated data of a BMC password sealed before passwords were bound to an origin.
+fn legacy_password_context(id: MachineId) -> String {
     format!("bmc-password:{id}")
+}
+
+/// A machine after an edit, and what the edit did that the caller should be told.
+#[derive(Clone, Debug)]
+pub struct Edited {
+    /// The machine as stored.
+    pub machine: Machine,
+    /// Side effects in words, e.g. a BMC password discarded because the BMC's origin changed.
+    pub notices: Vec<String>,
+}
+
+/// What `reseal_bmc_passwords` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resealed {
+    /// Passwords re-sealed with their BMC's origin.
+    pub resealed: usize,
+    /// Passwords already bound to their origin.
+    pub current: usize,
+    /// Passwords that open neither way (another key, or a row edited behind Plinth's back); left
+    /// as they are.
+    pub unreadable: usize,
 }
 
 impl Inventory {
@@ -68,12 +102,23 @@ impl Inventory {
         self.health.ping().await
     }
 
-    /// Turn a validated spec into a store record, sealing the password.
-    fn record(&self, id: MachineId, mut spec: MachineSpec) -> MachineRecord {
-        let password = match spec.bmc.as_mut().and_then(|b| b.password.take()) {
-            None => PasswordChange::Keep,
-            Some(p) if p.is_empty() => PasswordChange::Clear,
-            Some(p) => PasswordChange::Set(self.secrets.seal(&password_context(id), p.as_bytes())),
+    /// Turn a validated spec into a store record, sealing the password for the BMC's origin. With
+    /// `discard_kept`, a stored password is dropped unless the spec brings a new one.
+    fn record(&self, id: MachineId, mut spec: MachineSpec, discard_kept: bool) -> MachineRecord {
+        let origin = spec
+            .bmc
+            .as_ref()
+            .and_then(|b| crate::domain::bmc_origin(&b.url).ok());
+        let password = match (spec.bmc.as_mut().and_then(|b| b.password.take()), origin) {
+            (None, _) if discard_kept => PasswordChange::Clear,
+            (None, _) => PasswordChange::Keep,
+            (Some(p), _) if p.is_empty() => PasswordChange::Clear,
+            (Some(p), Some(origin)) => PasswordChange::Set(
+                self.secrets
+                    .seal(&password_context(id, &origin), p.as_bytes()),
+            ),
+            // A validated spec has a usable URL; without one, no password is kept for it.
+            (Some(_), None) => PasswordChange::Clear,
         };
         if spec.bmc.is_none() {
             return MachineRecord {
@@ -152,7 +197,7 @@ impl Inventory {
             actor: actor.into(),
             detail: json!({"state": state, "changes": spec_diff(None, Some(&spec))}),
         };
-        let rec = self.record(id, spec.clone());
+        let rec = self.record(id, spec.clone(), false);
         match self.machines.create_machine(id, state, &rec, &event).await {
             Ok(m) => Ok(m),
             Err(e) => Err(self.explain(e, &spec, None).await),
@@ -195,14 +240,27 @@ impl Inventory {
     }
 
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
-    /// `If-Match`; a `version` member of the patch is accepted instead.
+    /// `If-Match`; a `version` member of the patch is accepted instead. See [`Inventory::edit`].
     pub async fn update(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        patch: Value,
+        actor: &str,
+    ) -> Result<Machine, ServiceError> {
+        Ok(self.edit(id, expected_version, patch, actor).await?.machine)
+    }
+
+    /// Apply a JSON merge patch (RFC 7386) to a machine's spec, and say what else it did. Moving
+    /// `bmc.url` to another origin (scheme, host or port) discards the stored BMC password unless
+    /// the same patch sets a new one.
+    pub async fn edit(
         &self,
         id: MachineId,
         expected_version: Option<i64>,
         mut patch: Value,
         actor: &str,
-    ) -> Result<Machine, ServiceError> {
+    ) -> Result<Edited, ServiceError> {
         let current = self.get(id).await?;
         let Some(obj) = patch.as_object_mut() else {
             let mut e = ValidationErrors::default();
@@ -259,23 +317,61 @@ impl Inventory {
             ServiceError::Invalid(v)
         })?;
         let spec = spec.validate().map_err(ServiceError::Invalid)?;
+        let moved = bmc_moved(&current, &spec);
+        // Whether the BMC has a password after this edit: a new one, or the stored one kept.
+        let with_password = spec.bmc.as_ref().is_some_and(|b| match &b.password {
+            Some(p) => !p.is_empty(),
+            None => current.bmc.as_ref().is_some_and(|c| c.has_password) && moved.is_none(),
+        });
+        if let Some(b) = &spec.bmc {
+            if let Err(e) = b.check_transport(with_password) {
+                let mut v = ValidationErrors::default();
+                v.push("bmc.tls", e);
+                return Err(ServiceError::Invalid(v));
+            }
+        }
         let conflicts = self.conflicts(&spec, Some(id)).await?;
         if !conflicts.is_empty() {
             return Err(ServiceError::Conflict(conflicts));
+        }
+        let mut changes = spec_diff(Some(&before), Some(&spec));
+        let mut notices = Vec::new();
+        if let Some(moved) = &moved {
+            notices.push(format!(
+                "bmc.password discarded: bmc.url moved from {} to {}, and a stored BMC password only \
+                 goes to the origin it was given for; set bmc.password again (in the same edit as \
+                 the URL to keep one)",
+                moved.from, moved.to
+            ));
+            if let Value::Object(c) = &mut changes {
+                c.insert(
+                    "bmc.password".into(),
+                    json!(format!(
+                        "discarded: the BMC origin changed from {} to {}",
+                        moved.from, moved.to
+                    )),
+                );
+            }
         }
         let event = NewEvent {
             machine_id: Some(id),
             kind: "machine.updated".into(),
             actor: actor.into(),
-            detail: json!({"version": current.version + 1, "changes": spec_diff(Some(&before), Some(&spec))}),
+            detail: json!({"version": current.version + 1, "changes": changes}),
         };
-        let rec = self.record(id, spec.clone());
+        let rec = self.record(id, spec.clone(), moved.is_some());
         match self
             .machines
             .update_machine(id, expected, &rec, &event)
             .await
         {
-            Ok(m) => Ok(m),
+            Ok(machine) => {
+                if let Some(moved) = &moved {
+                    tracing::info!(machine = %id, from = %moved.from, to = %moved.to, actor,
+                        "BMC origin changed; its stored password was discarded");
+                }
+                Ok(Edited { machine, notices })
+            }
             Err(e) => Err(self.explain(e, &spec, Some(id)).await),
         }
     }
@@ -367,7 +463,7 @@ impl Inventory {
             .into_iter()
             .map(|(_, spec)| {
                 let id = MachineId::new();
-                (id, self.record(id, spec))
+                (id, self.record(id, spec, false))
             })
             .collect();
         let ids = records.iter().map(|(id, _)| *id).collect();
@@ -472,16 +568,133 @@ impl Inventory {
         Ok(m)
     }
 
-    /// The BMC password of a machine, decrypted, for the Redfish client only.
-    pub async fn bmc_password(&self, id: MachineId) -> Result<Option<String>, ServiceError> {
-        let Some(sealed) = self.machines.bmc_password(id).await? else {
+    /// The BMC password of a machine, decrypted for the origin of the BMC URL the machine has
+    /// now, for the Redfish client only. A password sealed for another origin does not open.
+    pub async fn bmc_password(&self, m: &Machine) -> Result<Option<String>, ServiceError> {
+        let Some(b) = &m.bmc else {
             return Ok(None);
         };
-        let plain = self
-            .secrets
-            .open(&password_context(id), &sealed)
-            .map_err(|e| ServiceError::Store(StoreError::Backend(e.to_string())))?;
-        Ok(Some(String::from_utf8_lossy(&plain).into_owned()))
+        let Some(sealed) = self.machines.bmc_password(m.id).await? else {
+            return Ok(None);
+        };
+        let unusable = |why: String| {
+            ServiceError::Store(StoreError::Backend(format!(
+                "the stored BMC password of machine {} cannot be used: {why}; set bmc.password again",
+                m.id
+            )))
+        };
+        let origin = crate::domain::bmc_origin(&b.url).map_err(unusable)?;
+        match self.secrets.open(&password_context(m.id, &origin), &sealed) {
+            Ok(plain) => Ok(Some(String::from_utf8_lossy(&plain).into_owned())),
+            Err(e) => {
+                let why = if self
+                    .secrets
+                    .open(&legacy_password_context(m.id), &sealed)
+                    .is_ok()
+                {
+                    "it was sealed by an older Plinth and is not yet bound to its BMC's origin \
+                     (restart Plinth to re-seal it)"
+                        .to_string()
+                } else {
+                    format!("it was not sealed for {origin} ({e})")
+                };
+                Err(unusable(why))
+            }
+        }
+    }
+
+    /// Re-seal BMC passwords sealed before they were bound to an origin (machine id only) for the
+    /// origin of the machine's BMC URL, each as a versioned change with a `bmc.password_resealed`
+    /// event. Run at start, before the front doors serve. Nothing is lost: a password that opens
+    /// neither way is left as it is, and one whose machine changed meanwhile is tried again (and,
+    /// failing that, at the next start).
+    pub async fn reseal_bmc_passwords(&self, actor: &str) -> Result<Resealed, ServiceError> {
+        let mut done = Resealed::default();
+        let mut filter = MachineFilter {
+            limit: 1000,
+            ..Default::default()
+        };
+        loop {
+            let page = self.machines.list_machines(&filter).await?;
+            for m in &page.items {
+                if m.bmc.as_ref().is_some_and(|b| b.has_password) {
+                    self.reseal_one(m.id, actor, &mut done).await?;
+                }
+            }
+            match page.next_cursor.and_then(|c| c.parse().ok()) {
+                Some(next) => filter.after = Some(next),
+                None => break,
+            }
+        }
+        if done.resealed > 0 || done.unreadable > 0 {
+            tracing::info!(
+                resealed = done.resealed,
+                unreadable = done.unreadable,
+                "BMC passwords bound to their BMC's origin"
+            );
+        }
+        Ok(done)
+    }
+
+    async fn reseal_one(
+        &self,
+        id: MachineId,
+        actor: &str,
+        done: &mut Resealed,
+    ) -> Result<(), ServiceError> {
+        for _ in 0..3 {
+            let Some(m) = self.machines.get_machine(id).await? else {
+                return Ok(());
+            };
+            let (Some(b), Some(sealed)) = (&m.bmc, self.machines.bmc_password(id).await?) else {
+                return Ok(());
+            };
+            let Ok(origin) = crate::domain::bmc_origin(&b.url) else {
+                done.unreadable += 1;
+                return Ok(());
+            };
+            if self
+                .secrets
+                .open(&password_context(id, &origin), &sealed)
+                .is_ok()
+            {
+                done.current += 1;
+                return Ok(());
+            }
+            let Ok(plain) = self.secrets.open(&legacy_password_context(id), &sealed) else {
+                tracing::warn!(machine = %id, "stored BMC password opens neither for its origin nor as a legacy value; left as it is");
+                done.unreadable += 1;
+                return Ok(());
+            };
+            let rec = MachineRecord {
+                spec: m.spec(),
+                password: PasswordChange::Set(
+                    self.secrets.seal(&password_context(id, &origin), &plain),
+                ),
+            };
+            let event = NewEvent {
+                machine_id: Some(id),
+                kind: "bmc.password_resealed".into(),
+                actor: actor.into(),
+                detail: json!({"origin": origin, "version": m.version + 1}),
+            };
+            match self
+                .machines
+                .update_machine(id, m.version, &rec, &event)
+                .await
+            {
+                Ok(_) => {
+                    done.resealed += 1;
+                    return Ok(());
+                }
+                // Edited meanwhile: read it again.
+                Err(StoreError::VersionMismatch { .. }) => continue,
+                Err(StoreError::NotFound) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        tracing::warn!(machine = %id, "BMC password not re-sealed: the machine kept changing; next start tries again");
+        Ok(())
     }
 
     /// Events, oldest first.
@@ -505,6 +718,28 @@ impl Inventory {
         keys: &[UniqueKey],
     ) -> Result<Vec<(UniqueKey, MachineRef)>, ServiceError> {
         Ok(self.machines.owners(keys).await?)
+    }
+}
+
+/// A BMC that stays configured but moves to another origin.
+struct Moved {
+    from: String,
+    to: String,
+}
+
+/// Whether an edit moves the machine's BMC, with a stored password, to another origin (scheme,
+/// host or port) without bringing a new password: then the stored one is discarded.
+fn bmc_moved(current: &Machine, after: &MachineSpec) -> Option<Moved> {
+    let before = current.bmc.as_ref().filter(|b| b.has_password)?;
+    let after = after.bmc.as_ref().filter(|b| b.password.is_none())?;
+    let to = crate::domain::bmc_origin(&after.url).ok()?;
+    match crate::domain::bmc_origin(&before.url) {
+        Ok(from) if from == to => None,
+        Ok(from) => Some(Moved { from, to }),
+        Err(_) => Some(Moved {
+            from: before.url.clone(),
+            to,
+        }),
     }
 }
 

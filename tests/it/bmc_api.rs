@@ -215,7 +215,8 @@ async fn emulator_power_boot_media_through_api_and_cli() {
         Method::POST,
         "/api/v1/machines",
         Some(json!({"hostname": "emu-1", "bmc": {
-            "url": emu.peer.url(), "username": EMU_USER, "password": EMU_PASSWORD}})),
+            "url": emu.peer.url(), "username": EMU_USER, "password": EMU_PASSWORD,
+            "tls": "insecure-http"}})),
     )
     .await;
     let id = m["id"].as_str().expect("id").to_string();
@@ -471,7 +472,8 @@ async fn register_mockup(
     extra: Value,
 ) -> String {
     let mut body = json!({"hostname": host, "bmc": {
-        "url": peer.url(), "username": "root", "password": MOCK_PASSWORD}});
+        "url": peer.url(), "username": "root", "password": MOCK_PASSWORD,
+        "tls": "insecure-http"}});
     if let (Some(b), Some(e)) = (body.as_object_mut(), extra.as_object()) {
         for (k, v) in e {
             b.insert(k.clone(), v.clone());
@@ -721,6 +723,98 @@ async fn inspect_reports_conflicts(b: Backend) {
     s.finish().await;
 }
 
+/// An AMI MegaRAC (DGX) that lists `BootSourceOverrideMode` as `null` (the recorded Supermicro HGX
+/// tree with that one change, served by a BMC that keeps what a PATCH writes): the capability
+/// record says the mode is not settable, and boot-once agrees, through the API and the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn null_boot_mode_capabilities_and_boot_once_agree() {
+    logs();
+    let seen = Seen::default();
+    let mut tree = peers::mockup_tree("supermicro");
+    tree.get_mut("/redfish/v1/Systems/1").expect("system")["Boot"]["BootSourceOverrideMode"] =
+        Value::Null;
+    let fake = peers::RecordedBmc::serve(tree).await;
+    let s = TestServer::start(Backend::Sqlite).await;
+    let m = ok(
+        &s,
+        &seen,
+        Method::POST,
+        "/api/v1/machines",
+        Some(json!({"hostname": "dgx-1", "bmc": {
+            "url": fake.url(), "username": "root", "password": MOCK_PASSWORD,
+            "tls": "insecure-http"}})),
+    )
+    .await;
+    let id = m["id"].as_str().expect("id").to_string();
+
+    let caps = wait_capabilities(&s, &seen, &id).await;
+    assert!(caps["last_error"].is_null(), "{caps}");
+    assert_eq!(caps["capabilities"]["boot_mode_settable"], false, "{caps}");
+    let out = cli(&s, &seen, &["bmc", "capabilities", "dgx-1"]).await;
+    let line = out
+        .lines()
+        .find(|l| l.contains("boot mode settable"))
+        .expect("boot mode line");
+    assert!(line.contains("false"), "{out}");
+
+    // Without a mode: works, read back, and no mode is sent.
+    let r = ok(
+        &s,
+        &seen,
+        Method::POST,
+        &format!("/api/v1/machines/{id}/boot-once"),
+        Some(json!({"target": "pxe"})),
+    )
+    .await;
+    assert_eq!(r["boot_override"]["target"], "Pxe", "{r}");
+    assert_eq!(r["boot_override"]["enabled"], "Once", "{r}");
+    assert!(r["boot_override"]["mode"].is_null(), "{r}");
+
+    // With a mode: the refusal the capability record predicted, through the API and the CLI.
+    let (st, v) = call(
+        &s,
+        &seen,
+        Method::POST,
+        &format!("/api/v1/machines/{id}/boot-once"),
+        &s.operator,
+        Some(json!({"target": "pxe", "mode": "uefi"})),
+    )
+    .await;
+    assert_eq!(st, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+    assert_eq!(v["error"]["code"], "bmc_not_supported", "{v}");
+    let message = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("BootSourceOverrideMode") && message.contains("boot_mode_settable: false"),
+        "{v}"
+    );
+    let out = tokio::process::Command::new(BIN)
+        .args(["bmc", "boot-once", "dgx-1", "pxe", "--mode", "uefi"])
+        .env("PLINTH_SERVER", &s.base)
+        .env("PLINTH_TOKEN", &s.operator)
+        .output()
+        .await
+        .expect("run plinth");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    seen.push(&stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("BootSourceOverrideMode"), "{stderr}");
+
+    let patches: Vec<Value> = fake
+        .received()
+        .iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| serde_json::from_str(&r.body).expect("json"))
+        .collect();
+    assert_eq!(
+        patches,
+        [json!({"Boot": {"BootSourceOverrideTarget": "Pxe", "BootSourceOverrideEnabled": "Once"}})],
+        "one PATCH, without a mode; the refused request wrote nothing"
+    );
+    seen.assert_never_contains(MOCK_PASSWORD);
+    assert_never_logged(MOCK_PASSWORD);
+    s.finish().await;
+}
+
 async fn unreachable_bmc_is_recorded_not_fatal(b: Backend) {
     logs();
     let seen = Seen::default();
@@ -732,7 +826,8 @@ async fn unreachable_bmc_is_recorded_not_fatal(b: Backend) {
         Method::POST,
         "/api/v1/machines",
         Some(json!({"hostname": "gone-1", "bmc": {
-            "url": format!("http://127.0.0.1:{port}"), "username": "root", "password": MOCK_PASSWORD}})),
+            "url": format!("http://127.0.0.1:{port}"), "username": "root", "password": MOCK_PASSWORD,
+            "tls": "insecure-http"}})),
     )
     .await["id"]
         .as_str()

@@ -77,7 +77,7 @@ async fn image_server() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn power_cycle_with_async_transitions() {
     let emu = emulator(false);
-    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::Verify);
+    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::PlainHttp);
 
     assert_eq!(bmc.power_state().await.expect("state"), PowerState::Off);
     // The emulator links no session service: basic auth on every request.
@@ -117,7 +117,7 @@ async fn power_cycle_with_async_transitions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_is_refused() {
     let emu = emulator(false);
-    let bmc = client(emu.peer.url(), "wrong", TlsPolicy::Verify);
+    let bmc = client(emu.peer.url(), "wrong", TlsPolicy::PlainHttp);
     match bmc.power_state().await {
         Err(BmcError::Unauthorized(msg)) => assert!(!msg.contains("wrong"), "{msg}"),
         other => panic!("expected Unauthorized, got {other:?}"),
@@ -127,7 +127,7 @@ async fn wrong_password_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_override_is_read_back() {
     let emu = emulator(false);
-    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::Verify);
+    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::PlainHttp);
     assert_eq!(
         bmc.quirks().await.expect("quirks").name,
         "sushy-emulator",
@@ -174,7 +174,7 @@ async fn boot_override_is_read_back() {
 async fn virtual_media_insert_and_eject() {
     let emu = emulator(false);
     let (base, hits, server) = image_server().await;
-    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::Verify);
+    let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::PlainHttp);
 
     let st = bmc.media_status().await.expect("status");
     assert_eq!(st.location, MediaLocation::System);

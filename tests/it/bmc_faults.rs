@@ -475,7 +475,7 @@ fn client_with(url: String, opts: BmcOptions) -> RedfishBmc {
             url,
             username: USER.into(),
             password: Password::new(PASSWORD),
-            tls: TlsPolicy::Verify,
+            tls: TlsPolicy::PlainHttp,
         },
         opts,
     )

@@ -1,24 +1,33 @@
 //! Discovery, inspection and capability probing against recorded BMC trees (Dell iDRAC 9, HPE iLO,
 //! Supermicro, DMTF sample) served by `sushy-static`. Every expected value below was read from the
 //! mockup JSON in `../shared/redfish-mockups`.
+//!
+//! Variants of those trees, derived here (the shared files are never edited) and served by the
+//! in-test `RecordedBmc` (which keeps what a PATCH writes), show that a property the BMC lists as
+//! `null` is an absent one, in the capability probe and in every operation alike.
 
 use crate::support::bmc_peers as peers;
 
 use std::time::Duration;
 
 use plinth::bmc::{
-    Bmc, BmcEndpoint, BmcError, BmcOptions, BootTarget, DriveSource, MediaLocation, Password,
-    PowerAction, PowerState, RedfishBmc, TlsPolicy,
+    Bmc, BmcEndpoint, BmcError, BmcOptions, BootMode, BootTarget, DriveSource, MediaLocation,
+    Password, PowerAction, PowerState, RedfishBmc, TlsPolicy,
 };
 use plinth::domain::{DiskType, MacAddr};
+use serde_json::json;
 
 fn client(peer: &peers::Peer) -> RedfishBmc {
+    client_at(peer.url())
+}
+
+fn client_at(url: String) -> RedfishBmc {
     RedfishBmc::new(
         BmcEndpoint {
-            url: peer.url(),
+            url,
             username: "root".into(),
             password: Password::new("calvin"),
-            tls: TlsPolicy::Insecure,
+            tls: TlsPolicy::PlainHttp,
         },
         BmcOptions {
             request_timeout: Duration::from_secs(10),
@@ -362,4 +371,127 @@ async fn dmtf_sample() {
         media.image.as_deref(),
         Some("redfish.dmtf.org/freeImages/freeOS.1.1.iso")
     );
+}
+
+/// The Supermicro system of the recorded tree.
+const SMC_SYSTEM: &str = "/redfish/v1/Systems/1";
+
+/// PATCHes the recorded BMC received for `path`, as JSON.
+fn patches(bmc: &peers::RecordedBmc, path: &str) -> Vec<serde_json::Value> {
+    bmc.received()
+        .iter()
+        .filter(|r| r.method == "PATCH" && r.path == path)
+        .map(|r| serde_json::from_str(&r.body).expect("PATCH body is JSON"))
+        .collect()
+}
+
+/// An AMI MegaRAC (DGX) lists `BootSourceOverrideMode` as `null`: the Supermicro HGX tree with
+/// that one change. The probe says the mode is not settable, and boot-once agrees: without a mode
+/// it works (and sends no mode, though the quirk row always sends the current one), with a mode it
+/// is refused before anything is written.
+#[tokio::test]
+async fn null_boot_mode_is_not_settable_and_boot_once_agrees() {
+    let mut tree = peers::mockup_tree("supermicro");
+    let sys = tree.get_mut(SMC_SYSTEM).expect("system");
+    assert_eq!(sys["Boot"]["BootSourceOverrideMode"], "UEFI", "as recorded");
+    sys["Boot"]["BootSourceOverrideMode"] = serde_json::Value::Null;
+    let fake = peers::RecordedBmc::serve(tree).await;
+    let bmc = client_at(fake.url());
+
+    let caps = bmc.capabilities().await.expect("capabilities");
+    assert_eq!(caps.quirks.as_deref(), Some("supermicro"));
+    assert!(!caps.boot_mode_settable, "null is absent: {caps:?}");
+    assert!(caps.boot_targets.iter().any(|t| t == "Pxe"));
+
+    match bmc.boot_once(BootTarget::Pxe, Some(BootMode::Uefi)).await {
+        Err(BmcError::NotSupported(m)) => {
+            assert!(m.contains("BootSourceOverrideMode"), "{m}");
+            assert!(m.contains("boot_mode_settable: false"), "{m}");
+        }
+        other => panic!("expected NotSupported, got {other:?}"),
+    }
+    assert!(
+        patches(&fake, SMC_SYSTEM).is_empty(),
+        "refused before any write"
+    );
+
+    let held = bmc
+        .boot_once(BootTarget::Pxe, None)
+        .await
+        .expect("boot once");
+    assert_eq!(held.target.as_deref(), Some("Pxe"));
+    assert_eq!(held.enabled.as_deref(), Some("Once"));
+    assert_eq!(held.mode, None);
+    let sent = patches(&fake, SMC_SYSTEM);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0],
+        json!({"Boot": {"BootSourceOverrideTarget": "Pxe", "BootSourceOverrideEnabled": "Once"}}),
+        "no mode is sent, not even a null one"
+    );
+    assert!(fake.resource(SMC_SYSTEM)["Boot"]["BootSourceOverrideMode"].is_null());
+}
+
+/// The other properties BMCs list as `null`: identity, power state, allowable values, an action,
+/// and the whole `Boot` object. Each reads as absent, through the same reader.
+#[tokio::test]
+async fn other_null_properties_are_absent() {
+    let mut tree = peers::mockup_tree("supermicro");
+    let sys = tree.get_mut(SMC_SYSTEM).expect("system");
+    for key in ["UUID", "SerialNumber", "PowerState"] {
+        assert!(sys[key].is_string(), "{key} as recorded");
+        sys[key] = serde_json::Value::Null;
+    }
+    sys["Boot"]["BootSourceOverrideTarget@Redfish.AllowableValues"] = serde_json::Value::Null;
+    sys["Actions"]["#ComputerSystem.Reset"] = serde_json::Value::Null;
+    let fake = peers::RecordedBmc::serve(tree.clone()).await;
+    let bmc = client_at(fake.url());
+
+    let hw = bmc.inspect().await.expect("inspect");
+    assert_eq!(hw.smbios_uuid, None);
+    assert_eq!(hw.serial, None);
+    assert_eq!(
+        hw.model.as_deref(),
+        Some("SYS-821GE-TNHR"),
+        "the rest is read"
+    );
+    match bmc.power_state().await {
+        Err(BmcError::Protocol { reason, .. }) => {
+            assert!(reason.contains("no PowerState"), "{reason}")
+        }
+        other => panic!("expected a protocol error, got {other:?}"),
+    }
+    let caps = bmc.capabilities().await.expect("capabilities");
+    assert!(caps.boot_targets.is_empty(), "{:?}", caps.boot_targets);
+    assert!(caps.reset_types.is_empty(), "{:?}", caps.reset_types);
+    assert!(caps.boot_mode_settable, "the mode itself is still shown");
+    match bmc.power(PowerAction::Off).await {
+        Err(BmcError::Protocol { .. }) => {}
+        other => panic!("no power state, no power operation: {other:?}"),
+    }
+
+    // `Boot` itself null: no override to read, no targets listed, no mode; boot-once still works
+    // with the standard target name, and the mode cannot be asked for.
+    let sys = tree.get_mut(SMC_SYSTEM).expect("system");
+    sys["Boot"] = serde_json::Value::Null;
+    sys["PowerState"] = json!("On");
+    let fake = peers::RecordedBmc::serve(tree).await;
+    let bmc = client_at(fake.url());
+    let caps = bmc.capabilities().await.expect("capabilities");
+    assert!(!caps.boot_mode_settable);
+    assert!(caps.boot_targets.is_empty());
+    assert!(matches!(
+        bmc.boot_once(BootTarget::Pxe, Some(BootMode::Uefi)).await,
+        Err(BmcError::NotSupported(_))
+    ));
+    let held = bmc
+        .boot_once(BootTarget::Pxe, None)
+        .await
+        .expect("boot once");
+    assert_eq!(held.target.as_deref(), Some("Pxe"));
+    assert_eq!(held.enabled.as_deref(), Some("Once"));
+    match bmc.power(PowerAction::Off).await {
+        Err(BmcError::NotSupported(m)) => assert!(m.contains("ComputerSystem.Reset"), "{m}"),
+        other => panic!("a null action is no action: {other:?}"),
+    }
 }

@@ -163,6 +163,31 @@ async fn cli_pull_verifies_and_keeps_what_is_cached() {
         "{out:?}"
     );
     assert_eq!(f.served.load(Ordering::SeqCst), before);
+    // The same with --json: one object per file, and nothing downloaded.
+    let out = tokio::task::spawn_blocking({
+        let (data, factory_url) = (dir.path().to_path_buf(), url.clone());
+        move || {
+            std::process::Command::new(env!("CARGO_BIN_EXE_plinth"))
+                .args(["image", "pull", "--json", "--factory", &factory_url])
+                .args(["--version", VERSION, "--data-dir"])
+                .arg(&data)
+                .output()
+                .expect("plinth")
+        }
+    })
+    .await
+    .expect("join");
+    assert!(out.status.success(), "{out:?}");
+    let files: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let files = files.as_array().expect("array");
+    assert_eq!(files.len(), 2, "{files:?}");
+    assert!(
+        files
+            .iter()
+            .all(|f| f["downloaded"] == false && f["sha256"].is_string()),
+        "{files:?}"
+    );
+    assert_eq!(f.served.load(Ordering::SeqCst), before);
 
     // A version the factory does not have, and an error page served as 200: refused, nothing
     // cached, no partial files left.

@@ -99,7 +99,8 @@ async fn rig(
     let disk = vm_image::local_disk(d);
 
     // The BMC is declared with the machine; its password cannot be (it is set below).
-    let bmc_yaml = format!("bmc:\n  url: http://{BMC_LISTEN}\n  username: {BMC_USER}\n");
+    let bmc_yaml =
+        format!("bmc:\n  url: http://{BMC_LISTEN}\n  username: {BMC_USER}\n  tls: insecure-http\n");
     let extras = InventoryExtras {
         machine: &bmc_yaml,
         ..extras

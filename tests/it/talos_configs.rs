@@ -46,6 +46,9 @@ struct Cli {
 impl Cli {
     fn run(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(BIN)
+            .env_remove("PLINTH_SECRET_KEY")
+            .env_remove("PLINTH_DATABASE_URL")
+            .env_remove("PLINTH_CONFIG")
             .arg("--config")
             .arg(&self.config)
             .args(args)
@@ -144,7 +147,38 @@ fn example_inventory_applies_renders_and_diffs() {
     let secrets = secret_values(&bundle);
     assert!(secrets.len() >= 6, "bundle has keys and tokens");
 
-    // Dry run: everything is new, every machine's whole config shows, nothing is written.
+    // A dry run only reads: before the server (or `migrate`) made the database and the key, it
+    // refuses, names what it looked for, and creates nothing.
+    let data = tmp.path().join("data");
+    let (ok, _, err) = cli.run(&["apply", inv_s, "--dry-run"]);
+    assert!(
+        !ok && err.contains("no database at") && err.contains("created nothing"),
+        "{err}"
+    );
+    assert!(!data.exists(), "a dry run created {}", data.display());
+    let (_, err) = cli.ok(&["migrate"]);
+    assert!(err.contains("did not exist and was created now"), "{err}");
+    let (ok, _, err) = cli.run(&["apply", inv_s, "--dry-run"]);
+    assert!(!ok && err.contains("no secret key at"), "{err}");
+    assert!(
+        !data.join("secret.key").exists(),
+        "a dry run created the key"
+    );
+    let (key, _) = cli.ok(&["secret-key"]);
+    {
+        use std::io::Write as _;
+        #[cfg(unix)]
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new();
+        f.write(true).create_new(true);
+        #[cfg(unix)]
+        f.mode(0o600);
+        f.open(data.join("secret.key"))
+            .and_then(|mut f| f.write_all(key.as_bytes()))
+            .expect("key");
+    }
+
+    // Dry run: everything is new; a summary per object and per machine, nothing is written.
     let (out, err) = cli.ok(&["apply", inv_s, "--dry-run"]);
     for line in [
         "create    Cluster prod",
@@ -153,17 +187,31 @@ fn example_inventory_applies_renders_and_diffs() {
         "create    Rack r12",
         "create    Machine cp-1",
         "create    Machine worker-1",
+        "config    changes   cp-3",
+        "config    changes   worker-1",
+        "8 object(s): 8 new, 0 changed, 0 unchanged; 4 of 4 machine config(s) change (--diff shows how)",
     ] {
         assert!(out.contains(line), "dry run lists `{line}`:\n{out}");
     }
-    assert!(out.contains("+++ cp-3 (after)") && out.contains("+  type: controlplane"));
+    assert!(!out.contains("+++"), "no diffs without --diff:\n{out}");
+    assert!(err.contains("plinth: database SQLite "), "{err}");
     assert!(
         err.contains("dry run: 8 change(s), 4 machine config(s)"),
         "{err}"
     );
+    // With --diff, every machine's whole config shows too.
+    let (diffs, _) = cli.ok(&["apply", inv_s, "--dry-run", "--diff"]);
+    assert!(diffs.contains("+++ cp-3 (after)") && diffs.contains("+  type: controlplane"));
+    // With --json, the same as one object.
+    let (j, _) = cli.ok(&["apply", inv_s, "--dry-run", "--json"]);
+    let j: serde_json::Value = serde_json::from_str(&j).expect("json");
+    assert_eq!(j["counts"]["create"], 8, "{j}");
+    assert_eq!(j["config_changes"], 4, "{j}");
+    assert_eq!(j["machines"].as_array().map(Vec::len), Some(4), "{j}");
+    assert!(j.get("diffs").is_none(), "diffs only with --diff: {j}");
     for s in &secrets {
         assert!(
-            !out.contains(s.as_str()) && !err.contains(s.as_str()),
+            !out.contains(s.as_str()) && !err.contains(s.as_str()) && !diffs.contains(s.as_str()),
             "a secret leaked into the dry run"
         );
     }
@@ -235,7 +283,7 @@ fn example_inventory_applies_renders_and_diffs() {
     let p = inv.join("patches/cluster-time.yaml");
     let t = std::fs::read_to_string(&p).expect("patch");
     std::fs::write(&p, t.replace("time.cloudflare.com", "ntp.fra1.example")).expect("write");
-    let (out, _) = cli.ok(&["apply", inv_s, "--dry-run"]);
+    let (out, _) = cli.ok(&["apply", inv_s, "--dry-run", "--diff"]);
     assert!(out.contains("update    Cluster prod"), "{out}");
     assert_eq!(out.matches("+    - ntp.fra1.example").count(), 4, "{out}");
     assert_eq!(

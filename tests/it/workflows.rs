@@ -481,7 +481,8 @@ async fn reinstall_through_redfish_follows_the_profiles_boot_target() {
         json!({"hostname": "bm-1", "role": "worker", "cluster": "lab", "profile": "vm",
                "interfaces": [{"mac": "52:54:00:00:01:01", "boot": true}],
                "disks": [{"serial": "D1", "type": "ssd"}],
-               "bmc": {"url": emu.peer.url(), "username": "admin", "password": "emu-Pa55-wf"}}),
+               "bmc": {"url": emu.peer.url(), "username": "admin", "password": "emu-Pa55-wf",
+                       "tls": "insecure-http"}}),
     )
     .await;
     assert_eq!(st, StatusCode::CREATED, "{m}");

@@ -1,8 +1,8 @@
 //! The BMC port: what the rest of Plinth sees of a BMC. The `Bmc` trait (implemented over Redfish
 //! by `crate::bmc`), `BmcConnector` (builds a `Bmc` for a BMC record), their error type and the
-//! plain result types they return (power state, boot override, virtual media, inspected hardware,
-//! capabilities), and `BmcCapabilityStore` (where probed capabilities are kept, implemented by
-//! `crate::store`).
+//! plain result types they return (power state, boot override, virtual media, capabilities), and
+//! `BmcCapabilityStore` (where probed capabilities are kept, implemented by `crate::store`). The
+//! inspected hardware types `Bmc::inspect` returns are domain data (`domain::inspection`).
 //!
 //! Nothing here knows about HTTP, JSON or Redfish paths, so the service layer can depend on these
 //! types and tests can implement the trait without a network. Imports `domain` and the other
@@ -16,11 +16,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 use super::error::StoreError;
 use super::events::NewEvent;
-use crate::domain::{self, DiskType, MacAddr, MachineId, TlsMode};
+use crate::domain::{self, InspectedHardware, MachineId, TlsMode};
 
 /// Errors of the Redfish client. Messages name the request and what the BMC answered; they never
 /// carry a password or a session token.
@@ -323,93 +322,6 @@ pub enum MediaLocation {
     Manager,
 }
 
-/// Hardware found out of band, without booting the machine.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct InspectedHardware {
-    /// SMBIOS system UUID.
-    pub smbios_uuid: Option<Uuid>,
-    /// System serial number.
-    pub serial: Option<String>,
-    /// Manufacturer, e.g. `Dell Inc.`.
-    pub manufacturer: Option<String>,
-    /// Model, e.g. `PowerEdge R750`.
-    pub model: Option<String>,
-    /// System BIOS/UEFI firmware version.
-    pub bios_version: Option<String>,
-    /// Host network interfaces (the BMC's own host interface is flagged, not dropped).
-    pub nics: Vec<InspectedNic>,
-    /// Drives from `Storage`/`Drives`, or from `SimpleStorage` where that is all the BMC has.
-    pub drives: Vec<InspectedDrive>,
-    /// Where the drive list came from.
-    pub drive_source: DriveSource,
-}
-
-impl InspectedHardware {
-    /// MAC addresses of the host NICs, without the BMC host interface, each once.
-    pub fn host_macs(&self) -> Vec<MacAddr> {
-        let mut out: Vec<MacAddr> = Vec::new();
-        for n in self.nics.iter().filter(|n| !n.bmc_host_interface) {
-            if !out.contains(&n.mac) {
-                out.push(n.mac);
-            }
-        }
-        out
-    }
-}
-
-/// A host network interface.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct InspectedNic {
-    /// Redfish `Id`, e.g. `NIC.Integrated.1-1-1`.
-    pub id: String,
-    /// Current MAC (`MACAddress`): what DHCP sees.
-    pub mac: MacAddr,
-    /// Burned-in MAC (`PermanentMACAddress`) when the BMC reports one.
-    pub permanent_mac: Option<MacAddr>,
-    /// `InterfaceEnabled`, when reported.
-    pub enabled: Option<bool>,
-    /// `LinkStatus`, e.g. `LinkUp`.
-    pub link_status: Option<String>,
-    /// `EthernetInterfaceType`: `Physical` or `Virtual` (a VLAN, a team), when reported.
-    pub interface_type: Option<String>,
-    /// The USB/virtual NIC between host and BMC (Redfish host interface): not a boot NIC.
-    pub bmc_host_interface: bool,
-}
-
-/// A drive.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct InspectedDrive {
-    /// Redfish `Name` or `Id`, e.g. `Disk.Bay.0`.
-    pub name: Option<String>,
-    /// Model string, trimmed.
-    pub model: Option<String>,
-    /// Serial number, trimmed.
-    pub serial: Option<String>,
-    /// Manufacturer, trimmed.
-    pub manufacturer: Option<String>,
-    /// Capacity in bytes.
-    pub capacity_bytes: Option<u64>,
-    /// `MediaType` as reported (`SSD`, `HDD`, `SMR`...).
-    pub media_type: Option<String>,
-    /// `Protocol` as reported (`NVMe`, `SATA`, `SAS`, `PCIe`...), or the controller's device protocol.
-    pub protocol: Option<String>,
-    /// nvme, ssd or hdd, when it can be told from the above.
-    pub disk_type: Option<DiskType>,
-}
-
-/// Where the drive list of an inspection came from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum DriveSource {
-    /// `Systems/<id>/Storage/<ctrl>/Drives`.
-    Storage,
-    /// `Systems/<id>/SimpleStorage` (no serials there).
-    SimpleStorage,
-    /// The BMC reports no drives.
-    #[default]
-    None,
-}
-
 /// What a BMC can do, probed once at registration and refreshed on demand.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Capabilities {
@@ -522,38 +434,9 @@ pub trait BmcCapabilityStore: Send + Sync + 'static {
         -> Result<Option<CapabilityRecord>, StoreError>;
 }
 
-/// Tell the disk type from what Redfish reports.
-pub fn disk_type_of(media_type: Option<&str>, protocol: Option<&str>) -> Option<DiskType> {
-    let proto = protocol.map(str::to_ascii_lowercase);
-    let media = media_type.map(str::to_ascii_lowercase);
-    if proto.as_deref() == Some("nvme") {
-        return Some(DiskType::Nvme);
-    }
-    match media.as_deref() {
-        Some("hdd") | Some("smr") => Some(DiskType::Hdd),
-        // An SSD on PCIe is NVMe (Dell reports NVMe drives as Protocol "PCIe").
-        Some("ssd") if proto.as_deref() == Some("pcie") => Some(DiskType::Nvme),
-        Some("ssd") => Some(DiskType::Ssd),
-        _ if proto.as_deref() == Some("pcie") => Some(DiskType::Nvme),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn disk_types() {
-        let t = |m, p| disk_type_of(m, p);
-        assert_eq!(t(Some("SSD"), Some("NVMe")), Some(DiskType::Nvme));
-        assert_eq!(t(Some("SSD"), Some("PCIe")), Some(DiskType::Nvme));
-        assert_eq!(t(Some("SSD"), Some("SATA")), Some(DiskType::Ssd));
-        assert_eq!(t(Some("HDD"), Some("SAS")), Some(DiskType::Hdd));
-        assert_eq!(t(None, Some("NVMe")), Some(DiskType::Nvme));
-        assert_eq!(t(None, None), None);
-        assert_eq!(t(Some("Tape"), Some("SAS")), None);
-    }
 
     #[test]
     fn parse_words() {

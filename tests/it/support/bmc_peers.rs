@@ -265,3 +265,198 @@ pub fn sushy_emulator(setup: EmulatorSetup) -> Emulator {
         fingerprint,
     }
 }
+
+/// One request a [`RecordedBmc`] received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub method: String,
+    pub path: String,
+    /// The `Authorization` header, as sent.
+    pub authorization: Option<String>,
+    /// The `X-Auth-Token` header, as sent.
+    pub auth_token: Option<String>,
+    /// The body, as text.
+    pub body: String,
+}
+
+impl Received {
+    /// The password of a `Basic` authorization header, decoded.
+    pub fn basic_password(&self) -> Option<String> {
+        use base64::Engine;
+        let b64 = self.authorization.as_deref()?.strip_prefix("Basic ")?;
+        let raw = base64::engine::general_purpose::STANDARD.decode(b64).ok()?;
+        let text = String::from_utf8(raw).ok()?;
+        text.split_once(':').map(|(_, p)| p.to_string())
+    }
+}
+
+struct RecordedState {
+    tree: std::collections::BTreeMap<String, serde_json::Value>,
+    received: Vec<Received>,
+}
+
+/// A recorded BMC tree served from memory by an HTTP server in the test (axum on 127.0.0.1:0).
+/// GET answers the recorded JSON; unlike `sushy-static`, a PATCH is applied to the resource as a
+/// JSON merge patch (RFC 7386), so a read-back shows what was written, as on a real BMC. POST and
+/// DELETE answer 204 (a session POST gets no token: the client settles for basic auth). Every
+/// request is recorded with its credentials, for the tests that check where a password went.
+pub struct RecordedBmc {
+    pub addr: SocketAddr,
+    state: std::sync::Arc<std::sync::Mutex<RecordedState>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// The recorded tree of `shared/redfish-mockups/<vendor>`: resource path (`/redfish/v1/...`, no
+/// trailing slash) to its JSON.
+pub fn mockup_tree(vendor: &str) -> std::collections::BTreeMap<String, serde_json::Value> {
+    let root = shared().join("redfish-mockups").join(vendor);
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![root.join("redfish/v1")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read mockup dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.file_name().is_some_and(|n| n == "index.json") {
+                let rel = path
+                    .parent()
+                    .expect("parent")
+                    .strip_prefix(&root)
+                    .expect("under the root");
+                let key = format!("/{}", rel.display());
+                let text = std::fs::read_to_string(&path).expect("read index.json");
+                let json = serde_json::from_str(&text).expect("mockup JSON");
+                out.insert(key, json);
+            }
+        }
+    }
+    assert!(
+        out.contains_key("/redfish/v1"),
+        "no service root in {vendor}"
+    );
+    out
+}
+
+fn merge_patch(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match patch {
+        serde_json::Value::Object(p) => {
+            if !target.is_object() {
+                *target = serde_json::Value::Object(serde_json::Map::new());
+            }
+            if let serde_json::Value::Object(t) = target {
+                for (k, v) in p {
+                    if v.is_null() {
+                        t.remove(k);
+                    } else {
+                        merge_patch(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+                    }
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+async fn recorded_handler(
+    axum::extract::State(state): axum::extract::State<
+        std::sync::Arc<std::sync::Mutex<RecordedState>>,
+    >,
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+    headers: axum::http::HeaderMap,
+    body: axum::body::Bytes,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    let path = uri.path().trim_end_matches('/').to_string();
+    let mut st = state.lock().unwrap_or_else(|p| p.into_inner());
+    st.received.push(Received {
+        method: method.to_string(),
+        path: path.clone(),
+        authorization: header("authorization"),
+        auth_token: header("x-auth-token"),
+        body: String::from_utf8_lossy(&body).into_owned(),
+    });
+    match method {
+        axum::http::Method::GET => match st.tree.get(&path) {
+            Some(doc) => (
+                StatusCode::OK,
+                [("content-type", "application/json")],
+                doc.to_string(),
+            )
+                .into_response(),
+            None => StatusCode::NOT_FOUND.into_response(),
+        },
+        axum::http::Method::PATCH => {
+            let Ok(patch) = serde_json::from_slice::<serde_json::Value>(&body) else {
+                return StatusCode::BAD_REQUEST.into_response();
+            };
+            match st.tree.get_mut(&path) {
+                Some(doc) => {
+                    merge_patch(doc, &patch);
+                    StatusCode::NO_CONTENT.into_response()
+                }
+                None => StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+        _ => StatusCode::NO_CONTENT.into_response(),
+    }
+}
+
+impl RecordedBmc {
+    /// Serve `tree` (see [`mockup_tree`]) on 127.0.0.1:0.
+    pub async fn serve(tree: std::collections::BTreeMap<String, serde_json::Value>) -> RecordedBmc {
+        let state = std::sync::Arc::new(std::sync::Mutex::new(RecordedState {
+            tree,
+            received: Vec::new(),
+        }));
+        let app = axum::Router::new()
+            .fallback(recorded_handler)
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind recorded BMC");
+        let addr = listener.local_addr().expect("addr");
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        RecordedBmc { addr, state, task }
+    }
+
+    /// `http://127.0.0.1:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request so far.
+    pub fn received(&self) -> Vec<Received> {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .received
+            .clone()
+    }
+
+    /// A resource as it is now (after the PATCHes it received).
+    pub fn resource(&self, path: &str) -> serde_json::Value {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .tree
+            .get(path)
+            .cloned()
+            .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl Drop for RecordedBmc {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -242,6 +242,19 @@ impl TestServer {
             .bearer_auth(token)
     }
 
+    /// Stop the server and start it again on the same database and key (a new port: `base`
+    /// changes; the tokens stay valid).
+    pub async fn restart(&mut self, extra_toml: &str) {
+        if let Some(r) = self.running.take() {
+            r.stop().await.expect("clean shutdown");
+        }
+        let cfg = config(&self.db, extra_toml);
+        let running = plinth::app::spawn(&cfg).await.expect("server starts again");
+        self.base = format!("http://{}", running.http_addr);
+        self.images_base = running.images_addr.map(|a| format!("http://{a}"));
+        self.running = Some(running);
+    }
+
     pub async fn finish(mut self) {
         if let Some(r) = self.running.take() {
             r.stop().await.expect("clean shutdown");

@@ -1,32 +1,21 @@
-//! The BMC commands of the command line: `plinth bmc power|boot-once|media|capabilities` and
-//! `plinth machine inspect`. Like `plinth machine ...` they talk to a running server's API (tables
-//! by default, `--json` for scripts); they never reach a BMC themselves.
+//! `plinth bmc power|boot-once|media|capabilities`: a machine's BMC driven through a running
+//! server's API (tables by default, `--json` for scripts); the CLI never reaches a BMC itself.
+//!
+//! Imports `cli::api` and `cli::output` only.
 
-use anyhow::Context;
 use clap::{Args, Subcommand};
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::cli::{emit, s, say, ApiClient};
+use super::api::ApiArgs;
+use super::output::{emit, join, s, say, table};
 
 /// `plinth bmc ...`: connection to the API and the command.
 #[derive(Debug, Args)]
 pub struct BmcArgs {
-    /// Server URL.
-    #[arg(
-        long,
-        global = true,
-        env = "PLINTH_SERVER",
-        default_value = "http://127.0.0.1:8080"
-    )]
-    pub server: String,
-    /// API token.
-    #[arg(long, global = true, env = "PLINTH_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    pub json: bool,
+    /// Server, token and output.
+    #[command(flatten)]
+    pub api: ApiArgs,
     /// What to do.
     #[command(subcommand)]
     pub command: BmcCommand,
@@ -86,21 +75,6 @@ pub enum MediaCommand {
     Status,
 }
 
-/// The inventory id of a machine named any way the CLI accepts.
-async fn machine_id(api: &ApiClient, reference: &str) -> anyhow::Result<String> {
-    let (_, m) = api.get_machine(reference).await?;
-    m["id"]
-        .as_str()
-        .map(str::to_string)
-        .context("the machine has no id")
-}
-
-fn table() -> Table {
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY);
-    t
-}
-
 fn print_power(r: &Value) {
     let mut t = table();
     t.add_row(["machine".to_string(), s(&r["machine"]["name"])]);
@@ -141,15 +115,6 @@ fn print_media(r: &Value) {
         .collect();
     t.add_row(["media types".to_string(), types.join(", ")]);
     say(&t);
-}
-
-fn join(v: &Value) -> String {
-    v.as_array()
-        .into_iter()
-        .flatten()
-        .map(s)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 fn print_capabilities(r: &Value) {
@@ -199,55 +164,13 @@ fn print_capabilities(r: &Value) {
     say(&t);
 }
 
-fn print_inspection(r: &Value) {
-    let changes = r["changes"].as_array().cloned().unwrap_or_default();
-    let conflicts = r["conflicts"].as_array().cloned().unwrap_or_default();
-    if !changes.is_empty() {
-        let mut t = table();
-        t.set_header(["CHANGED", "BEFORE", "AFTER"]);
-        for c in &changes {
-            t.add_row([s(&c["field"]), s(&c["before"]), s(&c["after"])]);
-        }
-        say(&t);
-    }
-    if !conflicts.is_empty() {
-        let mut t = table();
-        t.set_header(["CONFLICT", "INVENTORY", "BMC REPORTS", "OWNED BY"]);
-        for c in &conflicts {
-            let owner = if c["owner"].is_object() {
-                format!("{} ({})", s(&c["owner"]["name"]), s(&c["owner"]["id"]))
-            } else {
-                String::new()
-            };
-            t.add_row([s(&c["field"]), s(&c["registered"]), s(&c["found"]), owner]);
-        }
-        say(&t);
-    }
-    say(format!(
-        "{}: {} change(s), {} conflict(s) not written; version {}",
-        s(&r["machine"]["name"]),
-        changes.len(),
-        conflicts.len(),
-        s(&r["version"])
-    ));
-}
-
-/// Run `plinth machine inspect MACHINE`.
-pub async fn inspect(api: &ApiClient, machine: &str, json_out: bool) -> anyhow::Result<()> {
-    let id = machine_id(api, machine).await?;
-    let (_, r) = api
-        .send(api.req(Method::POST, &format!("/machines/{id}/inspect")))
-        .await?;
-    emit(json_out, &r, print_inspection);
-    Ok(())
-}
-
 /// Run `plinth bmc ...`.
-pub async fn bmc(args: Box<BmcArgs>) -> anyhow::Result<()> {
-    let api = ApiClient::new(&args.server, args.token.clone())?;
+pub async fn run(args: Box<BmcArgs>) -> anyhow::Result<()> {
+    let api = args.api.client()?;
+    let json_out = args.api.json;
     match args.command {
         BmcCommand::Power { machine, action } => {
-            let id = machine_id(&api, &machine).await?;
+            let id = api.machine_id(&machine).await?;
             let path = format!("/machines/{id}/power");
             let rb = if action == "status" {
                 api.req(Method::GET, &path)
@@ -256,14 +179,14 @@ pub async fn bmc(args: Box<BmcArgs>) -> anyhow::Result<()> {
                     .json(&json!({ "action": action }))
             };
             let (_, r) = api.send(rb).await?;
-            emit(args.json, &r, print_power);
+            emit(json_out, &r, print_power);
         }
         BmcCommand::BootOnce {
             machine,
             target,
             mode,
         } => {
-            let id = machine_id(&api, &machine).await?;
+            let id = api.machine_id(&machine).await?;
             let mut body = json!({ "target": target });
             if let Some(m) = mode {
                 body["mode"] = json!(m);
@@ -274,10 +197,10 @@ pub async fn bmc(args: Box<BmcArgs>) -> anyhow::Result<()> {
                         .json(&body),
                 )
                 .await?;
-            emit(args.json, &r, print_boot);
+            emit(json_out, &r, print_boot);
         }
         BmcCommand::Media { machine, action } => {
-            let id = machine_id(&api, &machine).await?;
+            let id = api.machine_id(&machine).await?;
             let path = format!("/machines/{id}/media");
             let rb = match action {
                 MediaCommand::Insert { url } => {
@@ -287,14 +210,14 @@ pub async fn bmc(args: Box<BmcArgs>) -> anyhow::Result<()> {
                 MediaCommand::Status => api.req(Method::GET, &path),
             };
             let (_, r) = api.send(rb).await?;
-            emit(args.json, &r, print_media);
+            emit(json_out, &r, print_media);
         }
         BmcCommand::Capabilities { machine, refresh } => {
-            let id = machine_id(&api, &machine).await?;
+            let id = api.machine_id(&machine).await?;
             let path = format!("/machines/{id}/bmc/capabilities");
             let method = if refresh { Method::POST } else { Method::GET };
             let (_, r) = api.send(api.req(method, &path)).await?;
-            emit(args.json, &r, print_capabilities);
+            emit(json_out, &r, print_capabilities);
         }
     }
     Ok(())
