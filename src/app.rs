@@ -130,12 +130,30 @@ pub fn bmc_service(
     )
 }
 
+/// The cluster use cases (the Talos API) over their ports of `stores` and a Talos API client.
+pub fn clusters(
+    configs: &ConfigService,
+    stores: &Stores,
+    api: Arc<dyn crate::service::ports::talos_api::TalosApi>,
+    settings: crate::service::clusters::ClusterSettings,
+) -> crate::service::clusters::Clusters {
+    crate::service::clusters::Clusters::new(
+        stores.machines.clone(),
+        stores.events.clone(),
+        stores.talos.clone(),
+        configs.clone(),
+        api,
+        settings,
+    )
+}
+
 /// The workflow use case over the other use cases and its ports of `stores`.
 pub fn workflows(
     inventory: &Inventory,
     configs: &ConfigService,
     bmc: &BmcService,
     stores: &Stores,
+    clusters: crate::service::clusters::Clusters,
     settings: crate::service::WorkflowSettings,
 ) -> Workflows {
     Workflows::new(
@@ -144,6 +162,7 @@ pub fn workflows(
         bmc.clone(),
         stores.reinstalls.clone(),
         stores.events.clone(),
+        clusters,
         settings,
     )
 }
@@ -399,11 +418,22 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         tasks.spawn(done);
     }
     let bootable = provisioning.bootable();
+    let clusters = clusters(
+        &configs,
+        &stores,
+        Arc::new(crate::talos_api::TalosApiClient::default()),
+        crate::service::clusters::ClusterSettings {
+            talos_api_port: config.workflows.talos_api_port,
+            ..Default::default()
+        },
+    );
+    clusters.register_metrics(&metrics);
     let workflows = workflows(
         &inventory,
         &configs,
         &bmc,
         &stores,
+        clusters,
         config.workflows.clone(),
     );
     {

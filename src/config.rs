@@ -170,6 +170,8 @@ pub struct RawWorkflows {
     pub talos_api_seconds: Option<u64>,
     /// Port of the Talos API checked to confirm an install.
     pub talos_api_port: Option<u16>,
+    /// How often each cluster's health is measured through the Talos API, seconds.
+    pub health_seconds: Option<u64>,
     /// How long a reinstall's provisioning window stays open, seconds.
     pub window_seconds: Option<u64>,
     /// One-time boot target set through the BMC: `pxe` or `http` (UEFI HTTP boot).
@@ -815,6 +817,7 @@ impl RawConfig {
             config: secs("workflows.config_seconds", w.config_seconds, 900)?,
             talos_api: secs("workflows.talos_api_seconds", w.talos_api_seconds, 1800)?,
             window: secs("workflows.window_seconds", w.window_seconds, 7200)?,
+            health_every: secs("workflows.health_seconds", w.health_seconds, 60)?,
             talos_api_port: match w.talos_api_port {
                 Some(0) => {
                     return Err(SettingsError::new(

@@ -74,6 +74,9 @@ struct ClusterDoc {
     kernel_args: Vec<String>,
     #[serde(default)]
     reinstall: Option<crate::service::ReinstallPolicy>,
+    /// `auto` (default) or `manual`.
+    #[serde(default)]
+    bootstrap: Option<crate::service::ports::configs::BootstrapMode>,
 }
 
 #[derive(Deserialize)]
@@ -417,6 +420,7 @@ impl Loader {
                 },
                 kernel_args: d.kernel_args,
                 reinstall: d.reinstall,
+                bootstrap: d.bootstrap,
             },
             secret,
         ));

@@ -16,4 +16,5 @@ pub mod metrics;
 pub mod service;
 pub mod store;
 pub mod talos;
+pub mod talos_api;
 pub mod tftp;

@@ -4,6 +4,7 @@
 
 mod bmc;
 mod boot;
+mod clusters;
 mod configs;
 pub mod error;
 pub mod extract;
@@ -76,6 +77,19 @@ pub fn router(state: AppState) -> Router {
             "/machines/{id}/reinstall",
             get(workflows::status).post(workflows::start),
         )
+        .route(
+            "/clusters/{name}/bootstrap",
+            get(clusters::bootstrap_status).post(clusters::bootstrap),
+        )
+        .route(
+            "/clusters/{name}/talosconfig",
+            axum::routing::post(clusters::talosconfig),
+        )
+        .route(
+            "/clusters/{name}/kubeconfig",
+            axum::routing::post(clusters::kubeconfig),
+        )
+        .route("/clusters/{name}/health", get(clusters::health))
         .route("/events", get(machines::events))
         .route("/events/stream", get(workflows::stream))
         .route("/tokens", get(tokens::list).post(tokens::create))

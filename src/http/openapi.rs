@@ -39,6 +39,8 @@ impl Modify for Bearer {
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
         configs::status, configs::open, configs::close,
         workflows::start, workflows::status, workflows::stream, super::boot::timeline,
+        super::clusters::bootstrap, super::clusters::bootstrap_status, super::clusters::talosconfig,
+        super::clusters::kubeconfig, super::clusters::health,
     ),
     components(schemas(
         Machine, machines::EditedMachine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
@@ -50,6 +52,10 @@ impl Modify for Bearer {
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
         crate::service::machine_config::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
         workflows::ReinstallRequest, crate::service::workflow::Started, crate::service::Reinstall, crate::service::Stage,
+        super::clusters::BootstrapRequest, super::clusters::CredentialRequest,
+        crate::service::clusters::ClusterHealth, crate::service::clusters::NodeHealth, crate::service::clusters::EtcdHealth,
+        crate::service::ports::talos_api::ServiceStatus, crate::service::ports::talos_api::EtcdMember,
+        crate::service::ports::talos_api::ClusterCheck,
     )),
     modifiers(&Bearer),
 )]

@@ -11,6 +11,7 @@
 pub mod apply;
 pub mod auth;
 pub mod bmc;
+pub mod clusters;
 pub mod error;
 pub mod events;
 pub mod inventory;

@@ -4,29 +4,32 @@
 //! machine becomes `provisioning`), then moves through stages, each with a deadline:
 //! `power` (one-time network boot and a power cycle through the BMC, or "power-cycle it now" for a
 //! tech when there is none) -> `netboot` (the machine fetched its install script) -> `config` (it
-//! fetched its config) -> `talos_api` (its Talos API answers on TCP 50000 at the address the
-//! config was fetched from) -> `done` (`installed`; the window closes, later network boots boot
-//! the local disk). A stage that misses its deadline fails the machine with the stage named.
+//! fetched its config) -> `talos_api` (its Talos API answers `Version` over mutual TLS on TCP
+//! 50000 at the address the config was fetched from, with a certificate chained to the cluster's
+//! OS CA and the version the cluster declares; see `clusters`) -> `done` (`installed`; the window
+//! closes, later network boots boot the local disk). A stage that misses its deadline fails the
+//! machine with the stage named; a node that answers with a foreign certificate or another
+//! version fails it at once.
 //!
 //! The engine keeps nothing in memory: [`Workflows::tick`] reads the active rows and moves each
 //! on with a compare-and-set on its stage, so a restart or kill -9 resumes from the database and
 //! two instances on one PostgreSQL never act twice on one stage. The scheduler (also in `tick`)
 //! reinstalls failed machines of clusters whose policy asks for it, with back-off and a maximum
 //! number of attempts, under safety rules it enforces itself: one control-plane machine of a
-//! cluster at a time (etcd quorum), at most N workers per rack.
+//! cluster at a time, and only while the measured etcd quorum margin allows losing it; at most N
+//! workers per rack. After the steps, `tick` lets `clusters` bootstrap clusters that wait for it
+//! and measure their health when due.
 //!
 //! Takes the reinstalls and events ports and the inventory, config and BMC use cases; imports
 //! `domain` and nothing from `store`, `http` or `bmc`.
 
-use std::net::SocketAddr;
-use std::time::Duration as StdDuration;
-
-use chrono::{Duration, Utc};
+use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 
 use std::sync::Arc;
 
 use super::bmc::BmcService;
+use super::clusters::{Clusters, Verification};
 use super::error::ServiceError;
 use super::inventory::Inventory;
 use super::machine_config::ConfigService;
@@ -50,6 +53,8 @@ pub struct WorkflowSettings {
     pub talos_api: Duration,
     /// Port of the Talos API (apid).
     pub talos_api_port: u16,
+    /// How often each cluster's health is measured.
+    pub health_every: Duration,
     /// How long the provisioning window of a reinstall stays open.
     pub window: Duration,
     /// One-time boot target set through the BMC.
@@ -64,6 +69,7 @@ impl Default for WorkflowSettings {
             config: Duration::minutes(15),
             talos_api: Duration::minutes(30),
             talos_api_port: 50000,
+            health_every: Duration::seconds(60),
             window: Duration::hours(2),
             boot_target: BootTarget::Pxe,
         }
@@ -90,7 +96,9 @@ pub struct Workflows {
     bmc: BmcService,
     reinstalls: Arc<dyn ReinstallStore>,
     events: Arc<dyn EventStore>,
+    clusters: Clusters,
     settings: WorkflowSettings,
+    measured: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, DateTime<Utc>>>>,
 }
 
 /// What a started reinstall tells the caller.
@@ -112,13 +120,15 @@ fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> N
 }
 
 impl Workflows {
-    /// Over the inventory, configs and BMCs, the reinstall rows and the event log.
+    /// Over the inventory, configs and BMCs, the reinstall rows, the event log and the clusters
+    /// (the Talos API).
     pub fn new(
         inventory: Inventory,
         configs: ConfigService,
         bmc: BmcService,
         reinstalls: Arc<dyn ReinstallStore>,
         events: Arc<dyn EventStore>,
+        clusters: Clusters,
         settings: WorkflowSettings,
     ) -> Self {
         Workflows {
@@ -127,8 +137,15 @@ impl Workflows {
             bmc,
             reinstalls,
             events,
+            clusters,
             settings,
+            measured: std::sync::Arc::default(),
         }
+    }
+
+    /// The cluster use cases.
+    pub fn clusters(&self) -> &Clusters {
+        &self.clusters
     }
 
     /// The reinstall policy of a machine's cluster.
@@ -194,6 +211,7 @@ impl Workflows {
                         "no other control-plane machine of cluster {cluster} is installed: reinstalling this one would take the whole control plane down"
                     ));
                 }
+                self.quorum_allows(cluster, m).await?;
             }
             Some(Role::Worker) | None => {
                 let policy = self.policy(m).await.map_err(|e| e.to_string())?;
@@ -210,6 +228,38 @@ impl Workflows {
                     ));
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The measured etcd quorum margin must allow taking `m` out when it is a healthy member:
+    /// the last measurement when it is fresh (two health intervals), else one made now.
+    async fn quorum_allows(&self, cluster: &str, m: &Machine) -> Result<(), String> {
+        let fresh = Utc::now() - self.settings.health_every * 2;
+        let health = match self.clusters.last_health(cluster).await {
+            Ok(Some(h)) if h.checked_at > fresh => h,
+            _ => self.clusters.measure(cluster).await.map_err(|e| {
+                format!("the etcd quorum of cluster {cluster} cannot be measured: {e}")
+            })?,
+        };
+        let Some(etcd) = &health.etcd else {
+            // Not bootstrapped, or no control plane answers: nothing to lose.
+            return Ok(());
+        };
+        let member = health
+            .nodes
+            .iter()
+            .any(|n| n.machine_id == m.id && n.etcd_member_id.is_some());
+        if member && etcd.quorum_margin < 1 {
+            return Err(format!(
+                "etcd of cluster {cluster} has {} healthy member(s) of {} (quorum {}, margin {}, measured {}): taking {} out now would lose quorum",
+                etcd.healthy_members,
+                etcd.members.len(),
+                etcd.quorum,
+                etcd.quorum_margin,
+                health.checked_at.to_rfc3339(),
+                m.display_name()
+            ));
         }
         Ok(())
     }
@@ -310,7 +360,41 @@ impl Workflows {
                 tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %e, "reinstall step failed");
             }
         }
+        if let Err(e) = self.clusters.bootstrap_pending().await {
+            tracing::warn!(error = %e, "automatic bootstrap failed");
+        }
+        self.measure_due().await;
         self.schedule().await
+    }
+
+    /// Measure the health of clusters not measured for `health_every`, off the tick.
+    async fn measure_due(&self) {
+        let Ok(names) = self.clusters.names().await else {
+            return;
+        };
+        let now = Utc::now();
+        for name in names {
+            let due = match self.measured.lock() {
+                Ok(mut seen) => {
+                    let due = seen
+                        .get(&name)
+                        .is_none_or(|at| now - *at >= self.settings.health_every);
+                    if due {
+                        seen.insert(name.clone(), now);
+                    }
+                    due
+                }
+                Err(_) => false,
+            };
+            if due {
+                let clusters = self.clusters.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = clusters.measure(&name).await {
+                        tracing::warn!(cluster = %name, error = %e, "cluster health not measured");
+                    }
+                });
+            }
+        }
     }
 
     async fn advance(
@@ -526,11 +610,15 @@ impl Workflows {
                 }
             }
             Stage::TalosApi => {
-                let up = match &r.node_address {
-                    Some(a) => self.talos_api_answers(a).await,
-                    None => false,
+                let verified = match &r.node_address {
+                    Some(a) => self.clusters.verify_install(&m, a).await?,
+                    None => Verification::NotYet("no node address".into()),
                 };
-                if up {
+                if let Verification::Rejected(why) = &verified {
+                    self.fail(&r, format!("stage talos_api: {why}")).await?;
+                    return Ok(());
+                }
+                if let Verification::Verified(v) = verified {
                     // The machine's state first: a crash between the two writes leaves an
                     // installed machine whose workflow the next tick closes (see above), never
                     // a finished workflow whose machine stays provisioning.
@@ -540,10 +628,11 @@ impl Workflows {
                     self.advance(
                         &r,
                         Stage::Done,
-                        serde_json::json!({"node_address": r.node_address}),
+                        serde_json::json!({"node_address": r.node_address,
+                            "talos_version": v.talos_version, "cert_sha256": v.cert_sha256}),
                     )
                     .await?;
-                    tracing::info!(machine = %m.id, "reinstall done: installed");
+                    tracing::info!(machine = %m.id, talos_version = %v.talos_version, "reinstall done: installed");
                 } else if now > r.stage_deadline {
                     self.missed(&r).await?;
                 }
@@ -560,21 +649,6 @@ impl Workflows {
             format!("stage {} missed its deadline of {secs} s", r.stage.as_str()),
         )
         .await
-    }
-
-    async fn talos_api_answers(&self, address: &str) -> bool {
-        let Ok(ip) = address.parse::<std::net::IpAddr>() else {
-            return false;
-        };
-        let addr = SocketAddr::new(ip, self.settings.talos_api_port);
-        matches!(
-            tokio::time::timeout(
-                StdDuration::from_secs(2),
-                tokio::net::TcpStream::connect(addr)
-            )
-            .await,
-            Ok(Ok(_))
-        )
     }
 
     /// Start automatic reinstalls of failed machines whose cluster asks for them.

@@ -42,6 +42,10 @@ mod machines;
 #[path = "sql/reinstalls.rs"]
 mod reinstalls;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/talos_state.rs"]
+mod talos_state;
+
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/tokens.rs"]
 mod tokens;
 #[allow(clippy::duplicate_mod)]

@@ -12,6 +12,7 @@
 pub mod disk;
 pub mod generate;
 pub mod patch;
+pub mod pki;
 pub mod render;
 pub mod schematic;
 pub mod secrets;

@@ -3,8 +3,9 @@
 //! config rules (`talos`) are pure functions over the domain; the ports (`service/ports`) import
 //! `domain` and a profile's disk rules (`talos::disk`) only, never a use case; the use cases
 //! (`service`) import `domain`, `talos`, the metrics registry and each other, never `store`,
-//! `bmc`, `images`, `http` or a front door; `store`, `bmc` (the Redfish client) and `images` (the
-//! image cache) implement the ports and import `domain` and `service::ports` only; the front doors
+//! `bmc`, `images`, `http` or a front door; `store`, `bmc` (the Redfish client), `images` (the
+//! image cache) and `talos_api` (the gRPC client of Talos' apid, which also uses Talos' PKI rules
+//! in `talos`) implement the ports and import `domain` and `service::ports` only; the front doors
 //! (`dhcp`, `tftp`, `http`) ask the use cases and never reach sideways into each other, the store
 //! or a concrete client; settings (`config`) and the declarative inventory reader (`declare`) sit
 //! beside the service; the CLI wires what its commands open; `app` wires everything. A file of
@@ -116,6 +117,11 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("store", &[], &["domain", "service::ports", "store"]),
     ("bmc", &[], &["domain", "service::ports", "bmc"]),
     ("images", &[], &["domain", "service::ports", "images"]),
+    (
+        "talos_api",
+        &[],
+        &["domain", "service::ports", "talos", "talos_api"],
+    ),
     ("dhcp", &[], &["domain", "service", "metrics", "dhcp"]),
     ("tftp", &[], &["domain", "service", "metrics", "tftp"]),
     ("http", &[], &["domain", "service", "metrics", "http"]),

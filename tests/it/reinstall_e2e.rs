@@ -5,9 +5,13 @@
 //! the BMC's URL and credentials.
 //!
 //! - Install: `plinth machine reinstall --follow`; Plinth sets a one-time PXE boot and powers the
-//!   VM on through the BMC; the VM network-boots the stand-in Talos image (`support::vm_image`),
-//!   fetches its config from its leased address and listens on 50000 as Talos' API would; the
-//!   reinstall ends `done` and the machine `installed`. Then a power cycle through the BMC boots
+//!   VM (a control plane) on through the BMC; the VM network-boots the stand-in Talos image
+//!   (`support::vm_image`), fetches its config from its leased address and starts the Talos API
+//!   service of the tests (`support::talos_node`, this binary) on 50000 with that config, its
+//!   certificate signed from the config's OS CA; Plinth verifies it over mutual TLS (`Version`:
+//!   the declared Talos version; the certificate's fingerprint recorded), the reinstall ends
+//!   `done` and the machine `installed`, Plinth bootstraps the cluster on it exactly once, and
+//!   `plinth cluster health` reads its services, etcd member, leader and quorum. Then a power cycle through the BMC boots
 //!   the local disk (no network boot at all), and a forced network boot (`plinth bmc boot-once
 //!   pxe` + cycle) gets the local-disk plan from Plinth and falls through to the disk.
 //! - Failure: the VM boots the installer but never fetches its config (`plinth.standin=no-config`
@@ -31,7 +35,7 @@ use crate::support::vm_image::{self, LOCAL_DISK_BANNER};
 use crate::support::vm_lab::{
     all_reports, config, import_image, open_store, plinth_ok, poll, qemu_command, read_report,
     serve, start_report_listener, tail, workdir, write_inventory, InventoryExtras, Lab, VmSpec,
-    BIN, REPORT_PORT, SERVER,
+    BIN, REPORT_PORT, SERVER, TALOS,
 };
 
 const BMC_LISTEN: &str = "10.88.0.1:8443";
@@ -85,7 +89,12 @@ async fn rig(
     let cfg = config(d, &lab.br, workflows);
     let cfg_s = cfg.display().to_string();
 
-    let image = vm_image::build(d, &format!("http://10.88.0.1:{REPORT_PORT}/cgi-bin/report"));
+    let report_url = format!("http://10.88.0.1:{REPORT_PORT}/cgi-bin/report");
+    let image = if extras.kernel_args.contains(&"plinth.standin=talos") {
+        vm_image::build_with_talos_api(d, &report_url)
+    } else {
+        vm_image::build(d, &report_url)
+    };
     import_image(&cfg, &image);
     let disk = vm_image::local_disk(d);
 
@@ -244,7 +253,8 @@ async fn vm_reinstalls_through_its_bmc_then_boots_its_local_disk() {
         "[workflows]\ntick_seconds = 1\npower_seconds = 120\nnetboot_seconds = 400\n\
          config_seconds = 400\ntalos_api_seconds = 300\n",
         InventoryExtras {
-            kernel_args: &["plinth.standin=listen"],
+            kernel_args: &["plinth.standin=talos"],
+            role: Some("control-plane"),
             ..Default::default()
         },
     )
@@ -405,9 +415,89 @@ async fn vm_reinstalls_through_its_bmc_then_boots_its_local_disk() {
     assert!(
         std::fs::read_to_string(&r.serial)
             .unwrap_or_default()
-            .contains("listening on 50000"),
+            .contains("talos api test node listening on 0.0.0.0:50000"),
         "{}",
         r.evidence()
+    );
+
+    // Verified over mutual TLS: the version the cluster declares, the node's certificate.
+    let verified: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.kind == "talos.verified")
+        .collect();
+    assert_eq!(verified.len(), 1, "{k:?}");
+    assert_eq!(verified[0].detail["talos_version"], TALOS);
+    assert_eq!(verified[0].detail["address"], from.to_string().as_str());
+    let fingerprint = verified[0].detail["cert_sha256"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert_eq!(fingerprint.len(), 64, "{:?}", verified[0]);
+    let done = events
+        .iter()
+        .find(|e| e.kind == "reinstall.done")
+        .expect("done");
+    assert_eq!(done.detail["cert_sha256"], fingerprint.as_str());
+
+    // The first control plane of a never-bootstrapped cluster: bootstrapped once, on it.
+    let rr = &r;
+    let boot = poll(
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+        || async move {
+            rr.store
+                .talos
+                .cluster_bootstrap("vmlab")
+                .await
+                .expect("bootstrap record")
+                .filter(|b| b.state == plinth::service::ports::talos_state::BootstrapState::Done)
+        },
+    )
+    .await
+    .unwrap_or_else(|| panic!("no bootstrap; {}", r.evidence()));
+    assert_eq!(boot.node, host, "{boot:?}");
+    assert_eq!(boot.node_address, from.to_string());
+    assert_eq!(boot.requested_by, "plinth");
+    let rr = &r;
+    let seen = poll(
+        Duration::from_secs(30),
+        Duration::from_millis(500),
+        || async move {
+            std::fs::read_to_string(&rr.serial)
+                .unwrap_or_default()
+                .contains("talos api test node: bootstraps=1 refusals=[]")
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        seen.is_some(),
+        "the node saw one bootstrap; {}",
+        r.evidence()
+    );
+    // Health over the VM's network, as the operator asks for it.
+    let health = r
+        .lab
+        .cli(&r.token, &["cluster", "health", "vmlab", "--json"]);
+    let h: serde_json::Value = serde_json::from_str(&health).expect("health JSON");
+    assert_eq!(h["nodes_up"], 1, "{h}");
+    assert_eq!(h["nodes"][0]["talos_version"], TALOS, "{h}");
+    assert_eq!(h["etcd"]["members"][0]["hostname"], host, "{h}");
+    assert_eq!(h["etcd"]["leader_hostname"], host, "{h}");
+    assert_eq!(
+        h["etcd"]["quorum_margin"], 0,
+        "one member, none may be lost: {h}"
+    );
+    assert_eq!(h["talos_check"]["passed"], true, "{h}");
+    let etcd = h["nodes"][0]["services"]
+        .as_array()
+        .and_then(|s| s.iter().find(|s| s["id"] == "etcd"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        (etcd["state"].as_str(), etcd["healthy"].as_bool()),
+        (Some("Running"), Some(true)),
+        "{h}"
     );
 
     // The API's timeline tells the same story.

@@ -1212,6 +1212,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             role_patches: Default::default(),
             kernel_args: vec!["console=ttyS0".into()],
             reinstall: Some(Default::default()),
+            bootstrap: Some(plinth::service::ports::configs::BootstrapMode::Manual),
         },
         sealed_bundle: Some(vec![1, 2, 3]),
         sealed_base: None,
@@ -1597,6 +1598,175 @@ async fn reinstalls_compare_and_set(b: Backend) {
     db.drop_db().await;
 }
 
+/// Bootstraps: one claim per cluster (the second finds the first, writing nothing), outcomes
+/// only for the attempt that claimed and only while it is calling, a release frees the
+/// cluster; verifications replace each other per machine; health reports keep their time.
+async fn talos_state_claims_once(b: Backend) {
+    use plinth::service::ports::talos_state::{BootstrapRecord, BootstrapState, NodeVerification};
+    let db = TestDb::new(b).await;
+    let st = store(&db).await;
+    let m = create(&st, 45).await;
+    let t = now();
+    let claim = |instance: &str| BootstrapRecord {
+        cluster: "prod".into(),
+        attempt_id: uuid::Uuid::new_v4(),
+        machine_id: Some(m.id),
+        node: "cp-1".into(),
+        node_address: "10.0.0.11".into(),
+        instance: instance.into(),
+        requested_by: "plinth".into(),
+        state: BootstrapState::Calling,
+        claimed_at: t,
+        finished_at: None,
+        detail: None,
+    };
+    assert_eq!(
+        st.talos.cluster_bootstrap("prod").await.expect("none"),
+        None
+    );
+    let a = claim("a");
+    let before = events_of(&st, m.id, "cluster.").await;
+    assert_eq!(
+        st.talos
+            .claim_bootstrap(&a, &event(Some(m.id), "cluster.bootstrap_claimed"))
+            .await
+            .expect("claim"),
+        None
+    );
+    let b2 = claim("b");
+    assert_eq!(
+        st.talos
+            .claim_bootstrap(&b2, &event(Some(m.id), "cluster.bootstrap_claimed"))
+            .await
+            .expect("second claim"),
+        Some(a.clone()),
+        "the second claim finds the first"
+    );
+    assert_eq!(events_of(&st, m.id, "cluster.").await, before + 1);
+    // Only the claiming attempt writes an outcome.
+    assert!(!st
+        .talos
+        .finish_bootstrap(
+            "prod",
+            b2.attempt_id,
+            BootstrapState::Done,
+            "x",
+            t,
+            &event(Some(m.id), "cluster.bootstrapped")
+        )
+        .await
+        .expect("not b's"));
+    assert!(!st
+        .talos
+        .release_bootstrap(
+            "prod",
+            b2.attempt_id,
+            &event(Some(m.id), "cluster.bootstrap_refused")
+        )
+        .await
+        .expect("not b's"));
+    // A release frees the cluster; a new claim can then be made and finished once.
+    assert!(st
+        .talos
+        .release_bootstrap(
+            "prod",
+            a.attempt_id,
+            &event(Some(m.id), "cluster.bootstrap_refused")
+        )
+        .await
+        .expect("release"));
+    assert_eq!(
+        st.talos.cluster_bootstrap("prod").await.expect("freed"),
+        None
+    );
+    assert_eq!(
+        st.talos
+            .claim_bootstrap(&b2, &event(Some(m.id), "cluster.bootstrap_claimed"))
+            .await
+            .expect("claim"),
+        None
+    );
+    assert!(st
+        .talos
+        .finish_bootstrap(
+            "prod",
+            b2.attempt_id,
+            BootstrapState::Done,
+            "bootstrapped",
+            t,
+            &event(Some(m.id), "cluster.bootstrapped")
+        )
+        .await
+        .expect("finish"));
+    assert!(!st
+        .talos
+        .finish_bootstrap(
+            "prod",
+            b2.attempt_id,
+            BootstrapState::Done,
+            "again",
+            t,
+            &event(Some(m.id), "cluster.bootstrapped")
+        )
+        .await
+        .expect("once"));
+    assert!(!st
+        .talos
+        .release_bootstrap(
+            "prod",
+            b2.attempt_id,
+            &event(Some(m.id), "cluster.bootstrap_refused")
+        )
+        .await
+        .expect("a done bootstrap stays"));
+    let done = st
+        .talos
+        .cluster_bootstrap("prod")
+        .await
+        .expect("get")
+        .expect("done");
+    assert_eq!(done.state, BootstrapState::Done);
+    assert_eq!(done.instance, "b");
+    assert_eq!(done.detail.as_deref(), Some("bootstrapped"));
+    assert_eq!(done.finished_at, Some(t));
+    assert_eq!(events_of(&st, m.id, "cluster.").await, before + 4);
+
+    let v = NodeVerification {
+        machine_id: m.id,
+        address: "10.0.0.11".into(),
+        talos_version: "v1.11.6".into(),
+        cert_sha256: "ab".repeat(32),
+        verified_at: t,
+    };
+    st.talos
+        .record_verification(&v, &event(Some(m.id), "talos.verified"))
+        .await
+        .expect("verify");
+    let v2 = NodeVerification {
+        talos_version: "v1.12.11".into(),
+        ..v.clone()
+    };
+    st.talos
+        .record_verification(&v2, &event(Some(m.id), "talos.verified"))
+        .await
+        .expect("again");
+    assert_eq!(st.talos.verifications().await.expect("list"), vec![v2]);
+    assert_eq!(st.talos.cluster_health("prod").await.expect("none"), None);
+    st.talos
+        .put_health("prod", "{\"a\":1}", t)
+        .await
+        .expect("put");
+    st.talos
+        .put_health("prod", "{\"a\":2}", t)
+        .await
+        .expect("put");
+    assert_eq!(
+        st.talos.cluster_health("prod").await.expect("get"),
+        Some(("{\"a\":2}".to_string(), t))
+    );
+    db.drop_db().await;
+}
+
 /// The health ping answers on a reachable database.
 async fn health_ping(b: Backend) {
     let db = TestDb::new(b).await;
@@ -1782,6 +1952,7 @@ both_backends!(
     configs_objects_and_served,
     configs_windows,
     reinstalls_compare_and_set,
+    talos_state_claims_once,
     health_ping,
 );
 

@@ -38,7 +38,23 @@ async fn workflows(srv: &TestServer, extra: &str) -> Workflows {
         &store,
         Arc::new(plinth::bmc::RedfishConnector::default()),
     );
-    plinth::app::workflows(&inventory, &configs, &bmc, &store, cfg.workflows.clone())
+    let clusters = plinth::app::clusters(
+        &configs,
+        &store,
+        Arc::new(plinth::talos_api::TalosApiClient::default()),
+        plinth::service::clusters::ClusterSettings {
+            talos_api_port: cfg.workflows.talos_api_port,
+            ..Default::default()
+        },
+    );
+    plinth::app::workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &store,
+        clusters,
+        cfg.workflows.clone(),
+    )
 }
 
 async fn get(srv: &TestServer, path: &str) -> Value {
@@ -86,7 +102,7 @@ fn secrets_file(dir: &Path) -> std::path::PathBuf {
 }
 
 async fn reinstall_without_bmc_reaches_installed(b: Backend) {
-    // The stand-in for the node's Talos API.
+    // The port of the node's Talos API (the test service, started with the config it fetches).
     let talos = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -94,7 +110,8 @@ async fn reinstall_without_bmc_reaches_installed(b: Backend) {
     let extra = extra(port, 900);
     let srv = TestServer::start_with(b, &extra).await;
     let tmp = tempfile::tempdir().expect("tmp");
-    write_inventory(tmp.path(), &secrets_file(tmp.path()), None);
+    let secrets = secrets_file(tmp.path());
+    write_inventory(tmp.path(), &secrets, None);
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
     let id = get(&srv, "/api/v1/machines/node-1").await["id"]
         .as_str()
@@ -167,12 +184,29 @@ async fn reinstall_without_bmc_reaches_installed(b: Backend) {
         get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await["stage"],
         "config"
     );
-    let (st, _) = fetch(&srv, &id, &token_of(&script), UUID).await;
+    let (st, config) = fetch(&srv, &id, &token_of(&script), UUID).await;
     assert_eq!(st, StatusCode::OK);
     w.tick().await.expect("tick");
     let r = get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await;
     assert_eq!(r["stage"], "talos_api", "{r}");
     assert_eq!(r["node_address"], "127.0.0.1");
+    // Nothing answers yet: the stage waits.
+    w.tick().await.expect("tick");
+    assert_eq!(
+        get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await["stage"],
+        "talos_api"
+    );
+    // The node comes up with the config it was served (a worker: its certificate from trustd).
+    let talos = crate::support::talos_node::TalosNode::serve(
+        talos,
+        &config,
+        crate::support::talos_node::NodeOptions {
+            trustd_key: Some(crate::support::talos_node::trustd_key_of_bundle(&secrets)),
+            ..Default::default()
+        },
+        crate::support::talos_node::SharedCluster::default(),
+    )
+    .await;
     w.tick().await.expect("tick");
     let r = get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await;
     assert_eq!(r["stage"], "done", "{r}");

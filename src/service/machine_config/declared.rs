@@ -169,6 +169,28 @@ impl ConfigService {
         String::from_utf8(plain).map_err(|_| MachineConfigError::Secrets("not UTF-8".into()))
     }
 
+    /// A cluster's secret input, in the clear (for signing credentials from its CAs).
+    pub fn cluster_secret_input(
+        &self,
+        cluster: &ClusterRecord,
+    ) -> Result<ClusterSecretInput, MachineConfigError> {
+        let name = &cluster.spec.name;
+        if let Some(sealed) = &cluster.sealed_bundle {
+            let text = self.open_text(&sealed_context("cluster-bundle", name), sealed)?;
+            return Ok(ClusterSecretInput::Bundle(text));
+        }
+        if let Some((cp, w)) = &cluster.sealed_base {
+            return Ok(ClusterSecretInput::BaseConfigs {
+                controlplane: self
+                    .open_text(&sealed_context("cluster-base-controlplane", name), cp)?,
+                worker: self.open_text(&sealed_context("cluster-base-worker", name), w)?,
+            });
+        }
+        Err(MachineConfigError::Secrets(format!(
+            "cluster `{name}` has neither a secrets bundle nor base configs"
+        )))
+    }
+
     pub(super) fn base_config(
         &self,
         cluster: &ClusterRecord,

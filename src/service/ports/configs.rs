@@ -67,6 +67,20 @@ pub struct ClusterSpec {
     /// Reinstall policy (automatic reinstall, workers per rack).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reinstall: Option<ReinstallPolicy>,
+    /// How etcd is bootstrapped: `auto` (default) or `manual`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapMode>,
+}
+
+/// How a cluster is bootstrapped (`bootstrap:` of a Cluster in the inventory directory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum BootstrapMode {
+    /// Plinth bootstraps the first verified control plane (the default).
+    #[default]
+    Auto,
+    /// Plinth waits for `plinth cluster bootstrap`.
+    Manual,
 }
 
 /// A hardware/provisioning profile.

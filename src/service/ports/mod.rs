@@ -1,7 +1,8 @@
 //! The ports of the service layer: one trait per role the use cases need from outside, each in
 //! its own file with the records it carries. Stores (`crate::store`) implement the store ports,
 //! the Redfish client (`crate::bmc`) implements the BMC port, the image cache (`crate::images`)
-//! the image port. Use cases take the ports they use
+//! the image port, the gRPC client (`crate::talos_api`) the Talos API port. Use cases take the
+//! ports they use
 //! as `Arc<dyn Port>` in their constructors; `Stores` bundles one handle per store port for the
 //! wiring in `app`.
 //!
@@ -17,6 +18,8 @@ pub mod images;
 pub mod leases;
 pub mod machines;
 pub mod reinstalls;
+pub mod talos_api;
+pub mod talos_state;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -53,6 +56,8 @@ pub struct Stores {
     pub configs: Arc<dyn ConfigStore>,
     /// Reinstall workflows.
     pub reinstalls: Arc<dyn ReinstallStore>,
+    /// Cluster bootstraps, node verifications, cluster health.
+    pub talos: Arc<dyn talos_state::TalosStateStore>,
     /// Reachability of the database.
     pub health: Arc<dyn StoreHealth>,
 }
@@ -68,6 +73,7 @@ impl Stores {
             + BmcCapabilityStore
             + ConfigStore
             + ReinstallStore
+            + talos_state::TalosStateStore
             + StoreHealth,
     {
         Stores {
@@ -78,6 +84,7 @@ impl Stores {
             bmc_capabilities: store.clone(),
             configs: store.clone(),
             reinstalls: store.clone(),
+            talos: store.clone(),
             health: store,
         }
     }

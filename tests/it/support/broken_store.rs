@@ -10,6 +10,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plinth::domain::{LifecycleState, MacAddr, Machine, MachineId, MachineRef, UniqueKey};
+use plinth::service::ports::talos_state::{
+    BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
+};
 use plinth::service::ports::{
     BmcCapabilityStore, CapabilityRecord, ClientFacts, ClusterRecord, ConfigStore, ConfigWrite,
     Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim, LeaseState, LeaseStore,
@@ -30,10 +33,11 @@ pub enum Port {
     Configs,
     Reinstalls,
     Health,
+    Talos,
 }
 
 impl Port {
-    pub const ALL: [Port; 8] = [
+    pub const ALL: [Port; 9] = [
         Port::Machines,
         Port::Events,
         Port::Tokens,
@@ -42,6 +46,7 @@ impl Port {
         Port::Configs,
         Port::Reinstalls,
         Port::Health,
+        Port::Talos,
     ];
 
     fn bit(self) -> u16 {
@@ -428,5 +433,90 @@ impl ReinstallStore for BrokenStore {
 impl StoreHealth for BrokenStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.port(Port::Health)?.health.ping().await
+    }
+}
+
+#[async_trait]
+impl TalosStateStore for BrokenStore {
+    async fn claim_bootstrap(
+        &self,
+        r: &BootstrapRecord,
+        event: &NewEvent,
+    ) -> Result<Option<BootstrapRecord>, StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .claim_bootstrap(r, event)
+            .await
+    }
+
+    async fn finish_bootstrap(
+        &self,
+        cluster: &str,
+        attempt_id: Uuid,
+        state: BootstrapState,
+        detail: &str,
+        at: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .finish_bootstrap(cluster, attempt_id, state, detail, at, event)
+            .await
+    }
+
+    async fn release_bootstrap(
+        &self,
+        cluster: &str,
+        attempt_id: Uuid,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .release_bootstrap(cluster, attempt_id, event)
+            .await
+    }
+
+    async fn cluster_bootstrap(
+        &self,
+        cluster: &str,
+    ) -> Result<Option<BootstrapRecord>, StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .cluster_bootstrap(cluster)
+            .await
+    }
+
+    async fn record_verification(
+        &self,
+        v: &NodeVerification,
+        event: &NewEvent,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .record_verification(v, event)
+            .await
+    }
+
+    async fn verifications(&self) -> Result<Vec<NodeVerification>, StoreError> {
+        self.port(Port::Talos)?.talos.verifications().await
+    }
+
+    async fn put_health(
+        &self,
+        cluster: &str,
+        report: &str,
+        at: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Talos)?
+            .talos
+            .put_health(cluster, report, at)
+            .await
+    }
+
+    async fn cluster_health(
+        &self,
+        cluster: &str,
+    ) -> Result<Option<(String, DateTime<Utc>)>, StoreError> {
+        self.port(Port::Talos)?.talos.cluster_health(cluster).await
     }
 }

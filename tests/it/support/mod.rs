@@ -8,6 +8,7 @@ pub mod lan;
 pub mod netns;
 pub mod peers;
 pub mod qemu_bmc;
+pub mod talos_node;
 pub mod vm_image;
 pub mod vm_lab;
 

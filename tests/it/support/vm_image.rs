@@ -5,9 +5,12 @@
 //! config, then POST the body and its SHA-256 to the test's report URL and power off.
 //!
 //! `plinth.standin=` on the kernel command line (a cluster's `kernelArgs`) changes the ending:
-//! `listen` reports, then starts a TCP listener on 50000 (a stand-in for the Talos API, apid)
-//! and stays up; `no-config` reports `status=skipped` instead of fetching the config and stays
-//! up (a node that never gets its config). Without it: report and power off.
+//! `talos` reports, then starts the Talos API service of the tests (`support::talos_node`: this
+//! test binary, stripped, with the shared libraries `ldd` finds, when the image is built with
+//! [`build_with_talos_api`]) on 50000 with the config it fetched, as a Talos node's apid with its
+//! certificate signed from the config's OS CA, and stays up; `listen` starts a bare TCP listener
+//! on 50000 instead; `no-config` reports `status=skipped` instead of fetching the config and
+//! stays up (a node that never gets its config). Without it: report and power off.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -255,6 +258,13 @@ until wget -q -O /config.yaml "$url" 2>/wget.err; do
     sleep 2
 done
 report ok /config.yaml && say "config fetched ($(wc -c < /config.yaml) bytes) and reported"
+if [ "$mode" = talos ]; then
+    [ -x /bin/talos-node ] || off "plinth.standin=talos, but the image has no Talos API service"
+    echo '{"config": "/config.yaml", "listen": "0.0.0.0:50000"}' > /node.json
+    PLINTH_TEST_TALOS_NODE=/node.json LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/lib64 \
+        /bin/talos-node --exact @ENTRY@ --nocapture --test-threads=1 &
+    idle "Talos API service started on 50000 with the fetched config"
+fi
 if [ "$mode" = listen ]; then
     mkdir -p /www && echo "Talos API stand-in" > /www/index.html
     httpd -p 50000 -h /www || off "no listener on 50000"
@@ -263,8 +273,58 @@ fi
 off "done"
 "#;
 
+/// This test binary, stripped, and the shared libraries it loads (their paths as `ldd` reports
+/// them), for `/init` to start as the node's Talos API service.
+fn talos_api_files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let exe = std::env::current_exe().expect("test binary");
+    let stripped = dir.join("talos-node");
+    let out = Command::new("objcopy")
+        .arg("--strip-all")
+        .arg(&exe)
+        .arg(&stripped)
+        .output()
+        .expect("objcopy (binutils)");
+    assert!(
+        out.status.success(),
+        "objcopy --strip-all: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut files = vec![(
+        "bin/talos-node".to_string(),
+        std::fs::read(&stripped).expect("stripped binary"),
+    )];
+    let out = Command::new("ldd").arg(&exe).output().expect("ldd");
+    assert!(out.status.success(), "ldd {}", exe.display());
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        // "libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x...)" or "/lib64/ld-linux-x86-64.so.2 (0x...)"
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.trim(),
+            None => line.trim(),
+        };
+        let Some(path) = path
+            .split_whitespace()
+            .next()
+            .filter(|p| p.starts_with('/'))
+        else {
+            continue;
+        };
+        let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+        files.push((path.trim_start_matches('/').to_string(), bytes));
+    }
+    files
+}
+
 /// Build the stand-in into `dir`; the init POSTs its report to `report_url`.
 pub fn build(dir: &Path, report_url: &str) -> TalosStandIn {
+    build_image(dir, report_url, false)
+}
+
+/// The stand-in with the Talos API service of the tests in it (`plinth.standin=talos`).
+pub fn build_with_talos_api(dir: &Path, report_url: &str) -> TalosStandIn {
+    build_image(dir, report_url, true)
+}
+
+fn build_image(dir: &Path, report_url: &str, talos_api: bool) -> TalosStandIn {
     let (kernel, release) = debian_kernel();
     // virtio-net (both firmware paths give the VM a virtio-net-pci NIC) and the PCI transport.
     let modules = module_closure(&release, &["virtio_pci", "virtio_net"]);
@@ -292,9 +352,33 @@ pub fn build(dir: &Path, report_url: &str) -> TalosStandIn {
         names.push(name);
     }
     cpio.file("udhcpc.sh", 0o755, UDHCPC_SCRIPT.as_bytes());
+    if talos_api {
+        let mut dirs: Vec<String> = Vec::new();
+        for (path, bytes) in talos_api_files(dir) {
+            let mut at = String::new();
+            for part in path
+                .split('/')
+                .collect::<Vec<_>>()
+                .split_last()
+                .map_or(&[][..], |(_, d)| d)
+            {
+                at = if at.is_empty() {
+                    part.to_string()
+                } else {
+                    format!("{at}/{part}")
+                };
+                if at != "bin" && !dirs.contains(&at) {
+                    cpio.dir(&at);
+                    dirs.push(at.clone());
+                }
+            }
+            cpio.file(&path, 0o755, &bytes);
+        }
+    }
     let init = INIT
         .replace("@MODULES@", &names.join(" "))
-        .replace("@REPORT@", report_url);
+        .replace("@REPORT@", report_url)
+        .replace("@ENTRY@", super::talos_node::ENTRY);
     cpio.file("init", 0o755, init.as_bytes());
     let archive = cpio.finish();
 

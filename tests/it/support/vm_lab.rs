@@ -368,6 +368,8 @@ pub struct InventoryExtras<'a> {
     pub cluster: &'a str,
     /// Extra YAML of the Machine document (e.g. its `bmc:`).
     pub machine: &'a str,
+    /// The machine's role: `worker` unless given.
+    pub role: Option<&'a str>,
 }
 
 /// The declarative inventory of the install tests: one cluster (secrets outside the directory),
@@ -421,12 +423,13 @@ pub fn write_inventory(
     std::fs::write(
         inv.join(format!("machines/{host}.yaml")),
         format!(
-            "kind: Machine\nhostname: {host}\nsmbios_uuid: {uuid}\nrole: worker\ncluster: vmlab\nprofile: qemu\n\
+            "kind: Machine\nhostname: {host}\nsmbios_uuid: {uuid}\nrole: {role}\ncluster: vmlab\nprofile: qemu\n\
              interfaces:\n  - mac: \"{mac}\"\n    boot: true\n\
              # The install disk by the profile's rules (16 GiB SSD), and a data disk.\n\
              disks:\n  - serial: QM00001\n    model: QEMU HARDDISK\n    size_bytes: 17179869184\n    type: ssd\n\
              \x20 - serial: QM00002\n    model: QEMU HARDDISK\n    size_bytes: 107374182400\n    type: hdd\n{}",
-            extras.machine
+            extras.machine,
+            role = extras.role.unwrap_or("worker"),
         ),
     )
     .expect("machine");
