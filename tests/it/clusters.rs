@@ -176,8 +176,13 @@ async fn boot_and_fetch(srv: &TestServer, w: &Workflows, m: &Spec) -> String {
     .await;
     assert_eq!(st, StatusCode::ACCEPTED, "{}: {body}", m.name);
     w.tick().await.expect("tick");
-    let script = srv
-        .client
+    // The node asks for its script and its config from its own address, as a machine does (the
+    // config token is bound to the address that asked for the script).
+    let from = reqwest::Client::builder()
+        .local_address(m.ip())
+        .build()
+        .expect("client");
+    let script = from
         .get(srv.url(&format!(
             "/boot/machine.ipxe?mac={}&uuid={}&buildarch=x86_64&platform=efi",
             m.mac().replace(':', "-"),
@@ -191,10 +196,6 @@ async fn boot_and_fetch(srv: &TestServer, w: &Workflows, m: &Spec) -> String {
         .expect("text");
     let token = crate::talos_configs::token_of(&script);
     w.tick().await.expect("tick");
-    let from = reqwest::Client::builder()
-        .local_address(m.ip())
-        .build()
-        .expect("client");
     let id = get(srv, &format!("/api/v1/machines/{}", m.name)).await["id"]
         .as_str()
         .expect("id")
