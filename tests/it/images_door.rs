@@ -11,7 +11,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 const SCHEM: &str = plinth::images::VANILLA_SCHEMATIC;
 const LEN: usize = 5_000_000;
@@ -239,15 +239,7 @@ async fn image_door_serves_images_with_sendfile() {
     );
 
     // The door's requests are in the metrics, under the route the main port uses.
-    let m = s
-        .client
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let m = s.client.get(s.url("/metrics")).answer().await.text;
     assert!(
         m.lines()
             .any(|l| l.starts_with("plinth_http_requests_total{")
