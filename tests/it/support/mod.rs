@@ -34,6 +34,7 @@ pub mod lan;
 pub mod netns;
 pub mod peers;
 pub mod qemu_bmc;
+pub mod reexec;
 pub mod talos_node;
 pub mod vm_image;
 pub mod vm_lab;
