@@ -12,6 +12,7 @@ mod bmc_faults;
 mod bmc_mockups;
 mod bmc_secrets;
 mod boot;
+mod cancel;
 mod cli;
 mod cli_habits;
 mod cli_settings;

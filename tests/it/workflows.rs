@@ -368,7 +368,14 @@ async fn control_planes_one_at_a_time(b: Backend) {
         ids.push(id);
     }
     for id in &ids {
-        state(&srv, id, "failed", Some("health check: node not ready")).await;
+        // A monitor's report, for the cluster's policy to act on (a person's `failed` is not).
+        let (st, body) = post(
+            &srv,
+            &format!("/api/v1/machines/{id}/state"),
+            json!({"state": "failed", "reason": "health check: node not ready", "auto_reinstall": true}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{body}");
     }
     let w = workflows(&srv, &extra).await;
     let provisioning = |list: &Value| -> Vec<String> {
