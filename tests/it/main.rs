@@ -22,6 +22,7 @@ mod dhcp_service;
 mod images_door;
 mod images_pull;
 mod layers;
+mod readme;
 mod reinstall_e2e;
 mod store_battery;
 mod store_faults;
