@@ -52,11 +52,12 @@ log() { printf '\n== %s\n' "$*"; }
 #   for Talos' in the VM install tests
 # - binutils (`objcopy --strip-all`), libc-bin (`ldd`): the Talos API stand-in copied into a VM
 # - jq: the README runner runs the README's `... | jq` lines
+# - libcap2-bin (`setcap`): the container test gives the binary the image's file capabilities
 # - chromium, chromium-driver: browser tests of the web console
 APT_PACKAGES=(build-essential curl ca-certificates postgresql postgresql-client python3-venv openssl
               iproute2 util-linux busybox-static atftp kea-admin dnsmasq-base qemu-system-x86
               ipxe-qemu ovmf ipxe linux-image-amd64 zstd gzip qemu-system-arm qemu-efi-aarch64 gpgv
-              xz-utils debian-archive-keyring binutils libc-bin jq chromium chromium-driver)
+              xz-utils debian-archive-keyring binutils libc-bin jq libcap2-bin chromium chromium-driver)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -92,11 +93,15 @@ pg_isready -h 127.0.0.1 -p 5432
 if [ -z "${DATABASE_URL:-}" ]; then
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres
     if ! psql "$DATABASE_URL" -qtAc 'select 1' >/dev/null 2>&1; then
-        # A fresh Debian cluster asks for a password on 127.0.0.1: give the postgres role one that
-        # only these tests use, rather than changing pg_hba.conf.
-        log "PostgreSQL: password for the postgres role (tests only)"
-        runuser -u postgres -- psql -qc "ALTER ROLE postgres PASSWORD 'plinth-tests'"
-        DATABASE_URL=postgres://postgres:plinth-tests@127.0.0.1:5432/postgres
+        # A fresh Debian cluster asks for a password on 127.0.0.1 and checks the peer on its
+        # socket. The tests connect as postgres over both (the container test as another uid,
+        # through the socket): trust exactly those two ways in, on this test machine.
+        log "PostgreSQL: trust for the postgres role on 127.0.0.1 and the socket (tests only)"
+        hba=$(runuser -u postgres -- psql -qtAc 'show hba_file')
+        { printf 'local all postgres trust\nhost all postgres 127.0.0.1/32 trust\n'; cat "$hba"; } > "$hba.new"
+        mv "$hba.new" "$hba"
+        chown postgres:postgres "$hba"
+        runuser -u postgres -- psql -qc 'select pg_reload_conf()' >/dev/null
     fi
 fi
 export DATABASE_URL
