@@ -19,6 +19,7 @@ mod clusters;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
+mod hostile;
 mod images_door;
 mod images_pull;
 mod layers;
