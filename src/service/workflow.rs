@@ -180,21 +180,13 @@ impl Workflows {
 
     /// Every machine of a cluster.
     async fn cluster_machines(&self, cluster: &str) -> Result<Vec<Machine>, ServiceError> {
-        let mut out = Vec::new();
-        let mut filter = MachineFilter {
-            cluster: Some(cluster.to_string()),
-            limit: 1000,
-            ..Default::default()
-        };
-        loop {
-            let page = self.inventory.list(&filter).await?;
-            out.extend(page.items);
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(n) => filter.after = Some(n),
-                None => break,
-            }
-        }
-        Ok(out)
+        self.inventory
+            .all(&MachineFilter {
+                cluster: Some(cluster.to_string()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
     }
 
     /// The safety rules: `Err` names the rule a reinstall of `m` would break now.
@@ -813,20 +805,14 @@ impl Workflows {
 
     /// Start automatic reinstalls of failed machines whose cluster asks for them.
     async fn schedule(&self) -> Result<(), ServiceError> {
-        let mut failed = Vec::new();
-        let mut filter = MachineFilter {
-            state: Some(LifecycleState::Failed),
-            limit: 1000,
-            ..Default::default()
-        };
-        loop {
-            let page = self.inventory.list(&filter).await?;
-            failed.extend(page.items);
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(n) => filter.after = Some(n),
-                None => break,
-            }
-        }
+        let mut failed = self
+            .inventory
+            .all(&MachineFilter {
+                state: Some(LifecycleState::Failed),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await?;
         if failed.is_empty() {
             return Ok(());
         }

@@ -126,6 +126,37 @@ pub trait MachineStore: Send + Sync + 'static {
     /// A page of machines.
     async fn list_machines(&self, filter: &MachineFilter) -> Result<MachinePage, StoreError>;
 
+    /// Every machine `filter` selects, page by page (`filter.limit` a page, from `filter.after`):
+    /// each page goes to `visit` until it returns `false` or the last page is read. The one
+    /// paging loop of the crate; provided, so a store implements `list_machines` only.
+    async fn visit_machines(
+        &self,
+        filter: &MachineFilter,
+        visit: &mut (dyn for<'p> FnMut(&'p [Machine]) -> bool + Send),
+    ) -> Result<(), StoreError> {
+        let mut filter = filter.clone();
+        loop {
+            let page = self.list_machines(&filter).await?;
+            let go_on = visit(&page.items) && page.next_cursor.is_some();
+            match page.items.last().map(|m| m.id) {
+                Some(last) if go_on => filter.after = Some(last),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Every machine `filter` selects (say, every machine of a cluster), read page by page with
+    /// [`MachineStore::visit_machines`].
+    async fn all_machines(&self, filter: &MachineFilter) -> Result<Vec<Machine>, StoreError> {
+        let mut out = Vec::new();
+        self.visit_machines(filter, &mut |page| {
+            out.extend_from_slice(page);
+            true
+        })
+        .await?;
+        Ok(out)
+    }
+
     /// The sealed BMC password of a machine.
     async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError>;
 }

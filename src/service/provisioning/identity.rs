@@ -140,26 +140,18 @@ impl Identities {
     /// Read every NIC MAC of the inventory (what `is_known` answers from), page by page.
     pub async fn refresh_known(&self) -> Result<usize, StoreError> {
         let mut all = HashSet::new();
-        let mut after = None;
-        loop {
-            let page = self
-                .machines
-                .list_machines(&MachineFilter {
-                    limit: KNOWN_PAGE,
-                    after,
-                    ..Default::default()
-                })
-                .await?;
-            for m in &page.items {
-                all.extend(m.interfaces.iter().map(|i| i.mac));
-            }
-            match page.items.last() {
-                Some(last) if page.next_cursor.is_some() && all.len() < KNOWN_MAX => {
-                    after = Some(last.id)
+        let every = MachineFilter {
+            limit: KNOWN_PAGE,
+            ..Default::default()
+        };
+        self.machines
+            .visit_machines(&every, &mut |page| {
+                for m in page {
+                    all.extend(m.interfaces.iter().map(|i| i.mac));
                 }
-                _ => break,
-            }
-        }
+                all.len() < KNOWN_MAX
+            })
+            .await?;
         let n = all.len();
         *self.known.write().unwrap_or_else(|e| e.into_inner()) = all;
         Ok(n)
