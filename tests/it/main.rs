@@ -32,6 +32,7 @@ mod store_faults;
 mod talos_api;
 mod talos_cli;
 mod talos_configs;
+mod talos_conformance;
 mod talos_patch;
 mod talos_schema;
 mod talos_secrets;
