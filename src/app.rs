@@ -412,6 +412,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let identities = Identities::new(stores.machines.clone(), stores.leases.clone());
+    identities.register(&metrics);
     let timeline = Timeline::start(stores.events.clone(), identities.clone(), shutdown.clone());
     timeline.register(&metrics);
     let dhcp_engine = config.dhcp.as_ref().map(|d| {
