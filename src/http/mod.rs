@@ -80,6 +80,10 @@ pub fn router(state: AppState) -> Router {
             get(workflows::status).post(workflows::start),
         )
         .route(
+            "/machines/{id}/reinstall/cancel",
+            axum::routing::post(workflows::cancel),
+        )
+        .route(
             "/clusters/{name}/bootstrap",
             get(clusters::bootstrap_status).post(clusters::bootstrap),
         )
