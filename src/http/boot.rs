@@ -60,6 +60,7 @@ pub async fn machine(
         ScriptOutcome::Served => StatusCode::OK,
         ScriptOutcome::BadRequest => StatusCode::BAD_REQUEST,
         ScriptOutcome::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ScriptOutcome::Deferred => StatusCode::TOO_MANY_REQUESTS,
     };
     script(status, answer.script)
 }

@@ -25,7 +25,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
-pub use identity::{BootIdentity, Identities};
+pub use identity::{BootIdentity, DiscoveryLimits, Identities};
 pub use images::{ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 
