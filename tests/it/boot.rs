@@ -274,7 +274,8 @@ async fn boot_scripts_discover_unknown_machines() {
     }
     let text = get(&s, q).await.text().await.expect("t");
     assert!(
-        text.contains("no Talos image and machine config are ready"),
+        text.contains("window closed: SN-0099 has no open provisioning window")
+            && text.contains("plinth machine provision SN-0099"),
         "{text}"
     );
     let r = s

@@ -20,6 +20,7 @@ mod clusters;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
+mod holds;
 mod images_door;
 mod images_pull;
 mod layers;
