@@ -13,6 +13,8 @@ pub mod images_listener;
 mod machines;
 pub mod metrics;
 mod openapi;
+pub mod serve;
+mod slots;
 mod tokens;
 mod workflows;
 
