@@ -125,6 +125,8 @@ pub struct Started {
     pub reinstall: Reinstall,
     /// What happens next, for the tech (e.g. "power-cycle it now" without a BMC).
     pub next: String,
+    /// What the machine will wait for (e.g. its Talos image is not cached yet).
+    pub warnings: Vec<String>,
 }
 
 fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> NewEvent {
@@ -354,7 +356,11 @@ impl Workflows {
             "this machine has no BMC: power-cycle it now and let it boot from the network".into()
         };
         tracing::info!(machine = %id, actor, automatic, attempt, "reinstall started");
-        Ok(Started { reinstall: r, next })
+        Ok(Started {
+            reinstall: r,
+            next,
+            warnings: Vec::new(),
+        })
     }
 
     /// Cancel the reinstall of machine `id` at whatever stage it is, as `actor`: the machine is

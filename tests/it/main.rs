@@ -21,6 +21,7 @@ mod container;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
+mod holds;
 mod hostile;
 mod images_door;
 mod images_pull;

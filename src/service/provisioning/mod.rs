@@ -107,6 +107,8 @@ pub struct Parts {
 #[derive(Clone)]
 pub struct ProvisioningService {
     inner: Arc<Parts>,
+    /// Image pulls under way (schematic/version/kernel file), so a poll never starts a second.
+    pulls: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
 }
 
 impl std::fmt::Debug for ProvisioningService {
@@ -121,6 +123,7 @@ impl ProvisioningService {
     pub fn new(parts: Parts) -> Self {
         ProvisioningService {
             inner: Arc::new(parts),
+            pulls: Arc::default(),
         }
     }
 
@@ -254,6 +257,7 @@ impl ProvisioningService {
             "config.",
             "reinstall.",
             "machine.state",
+            "image.",
         ];
         let all = self
             .inner

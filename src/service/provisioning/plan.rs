@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 
 use super::identity::BootIdentity;
-use super::images::{image_files, Readiness};
+use super::images::{image_files, pull_command, Readiness};
 use super::ProvisioningService;
 use crate::domain::boot::{
     arch_of_buildarch, decide, error_script, generic_script, machine_script, BootPlan,
@@ -126,7 +126,14 @@ impl ProvisioningService {
             return decide(m, None);
         }
         match self.install_assets(m, arch, base, peer).await {
-            Ok(assets) => decide(m, assets),
+            Ok(Some(assets)) => decide(m, Some(assets)),
+            Ok(None) => BootPlan::Hold {
+                reason: format!(
+                    "window closed: {name} has no open provisioning window (none was opened, or it expired or was closed): open one with `plinth machine provision {name}`, or stop with `plinth machine reinstall {name} --cancel`",
+                    name = m.display_name()
+                ),
+                retry_secs: HOLD_RETRY_SECS,
+            },
             Err(reason) => BootPlan::Hold {
                 reason,
                 retry_secs: HOLD_RETRY_SECS,
@@ -145,13 +152,20 @@ impl ProvisioningService {
         peer: IpAddr,
     ) -> Result<Option<InstallAssets>, String> {
         let ready = |version: &str, schematic: &str| {
-            match self.readiness(schematic, version, arch) {
+            match self.readiness(
+            schematic,
+            version,
+            arch,
+            Some(m.id),
+        ) {
             Readiness::Ready => Ok(()),
             Readiness::Missing { file } => Err(format!(
-                "Talos {version} {file} of schematic {schematic} is not in the image cache: plinth image import or pull it"
+                "image not cached: Talos {version} {file} of schematic {schematic} is not in the image cache and no Image Factory is configured: run `{}` (or `plinth image import`)",
+                pull_command(schematic, version, arch)
             )),
             Readiness::Pulling { file, source } => Err(format!(
-                "Talos {version} {file} of schematic {schematic} is not in the image cache yet: downloading it from {source}"
+                "image not cached yet: Talos {version} {file} of schematic {schematic} is being downloaded from {source} (kernel and initramfs, once; image.pull_progress events); `{}` does the same by hand",
+                pull_command(schematic, version, arch)
             )),
         }
         };
@@ -202,8 +216,16 @@ impl ProvisioningService {
             "plan": plan.name(), "mac": mac, "from": req.peer.to_string(),
             "platform": req.who.platform, "buildarch": req.who.buildarch, "state": m.state,
         });
-        if let (BootPlan::Hold { reason, .. }, serde_json::Value::Object(o)) = (plan, &mut detail) {
-            o.insert("reason".into(), reason.clone().into());
+        let reason = match plan {
+            BootPlan::Hold { reason, .. } => Some(reason.clone()),
+            BootPlan::Discovery => Some(format!(
+                "unknown machine: waiting for an operator to accept it (`plinth machine state {} registered`)",
+                mac
+            )),
+            _ => None,
+        };
+        if let (Some(reason), serde_json::Value::Object(o)) = (reason, &mut detail) {
+            o.insert("reason".into(), reason.into());
         }
         let event = NewEvent {
             machine_id: Some(m.id),
