@@ -327,6 +327,25 @@ async fn bad_input_names_the_field(b: Backend) {
         let e: Value = r.json().await.expect("json");
         assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
     }
+    // A machine nothing could ever name or match (issue 16): refused, naming the fields.
+    for body in [json!({}), json!({"rack": "r21", "role": "worker"})] {
+        let r = post(body.to_string()).await.expect("send");
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let e: Value = r.json().await.expect("json");
+        let msg = e["error"]["fields"][0]["message"].as_str().unwrap_or("");
+        assert!(
+            [
+                "hostname",
+                "interfaces[].mac",
+                "serial",
+                "asset_tag",
+                "smbios_uuid"
+            ]
+            .iter()
+            .all(|f| msg.contains(f)),
+            "{e}"
+        );
+    }
     let r = s
         .req(Method::POST, "/api/v1/machines", &s.operator)
         .header("content-type", "text/plain")
