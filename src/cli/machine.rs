@@ -165,6 +165,13 @@ pub enum MachineCommand {
         /// csv or json (default: from the file name).
         #[arg(long)]
         format: Option<String>,
+        /// Rows that match a machine by --key replace it (state, id and history kept); the
+        /// others are created. Still one transaction.
+        #[arg(long)]
+        update: bool,
+        /// What --update matches rows by: mac (the row's boot NIC), serial or hostname.
+        #[arg(long, default_value = "mac", requires = "update")]
+        key: String,
     },
 }
 
@@ -808,7 +815,12 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 say(format!("removed {} ({id})", s(&m["hostname"])));
             }
         }
-        MachineCommand::Import { file, format } => {
+        MachineCommand::Import {
+            file,
+            format,
+            update,
+            key,
+        } => {
             let text =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let format = match format {
@@ -831,12 +843,25 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 .send(
                     api.req(Method::POST, "/machines/import")
                         .query(&[("format", &format)])
+                        .query(
+                            &update
+                                .then_some(("update", key.as_str()))
+                                .into_iter()
+                                .collect::<Vec<_>>(),
+                        )
                         .header(reqwest::header::CONTENT_TYPE, ct)
                         .body(text),
                 )
                 .await?;
             if json_out {
                 say(&r);
+            } else if update {
+                say(format!(
+                    "imported {} machine(s), updated {}, unchanged {}",
+                    r["imported"],
+                    r["updated"].as_array().map_or(0, Vec::len),
+                    r["unchanged"]
+                ));
             } else {
                 say(format!("imported {} machine(s)", r["imported"]));
             }

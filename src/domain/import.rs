@@ -96,6 +96,56 @@ fn disk_column(h: &str) -> Option<(usize, &str)> {
     ((1..=CSV_MAX_DISKS).contains(&n) && CSV_DISK_FIELDS.contains(&field)).then_some((n - 1, field))
 }
 
+/// How `import --update` matches a row to the machine it replaces: the row's boot NIC (its
+/// first interface) by MAC, its serial, or its host name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportKey {
+    /// The boot NIC's MAC (the CSV `mac` column, a JSON row's first interface).
+    Mac,
+    /// The serial number.
+    Serial,
+    /// The host name.
+    Hostname,
+}
+
+impl ImportKey {
+    /// The row's value for this key, or `None` when the row has none.
+    pub fn of(&self, spec: &MachineSpec) -> Option<super::UniqueKey> {
+        use super::UniqueKey;
+        match self {
+            ImportKey::Mac => spec
+                .interfaces
+                .iter()
+                .find(|i| i.boot)
+                .or(spec.interfaces.first())
+                .map(|i| UniqueKey::Mac(i.mac)),
+            ImportKey::Serial => spec.serial.clone().map(UniqueKey::Serial),
+            ImportKey::Hostname => spec.hostname.clone().map(UniqueKey::Hostname),
+        }
+    }
+
+    /// The field a row must fill for this key (spec path).
+    pub fn field(&self) -> &'static str {
+        match self {
+            ImportKey::Mac => "interfaces[0].mac",
+            ImportKey::Serial => "serial",
+            ImportKey::Hostname => "hostname",
+        }
+    }
+}
+
+impl std::str::FromStr for ImportKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mac" => Ok(ImportKey::Mac),
+            "serial" => Ok(ImportKey::Serial),
+            "hostname" => Ok(ImportKey::Hostname),
+            other => Err(format!("`{other}` is not mac, serial or hostname")),
+        }
+    }
+}
+
 /// Parse a whole file. A file-level problem (not CSV, unknown column, not a JSON array) is a single
 /// `RowError` with line 0 or the line where parsing stopped.
 pub fn parse(format: ImportFormat, text: &str) -> Result<Vec<ParsedRow>, RowError> {
