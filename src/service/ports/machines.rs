@@ -29,6 +29,20 @@ pub struct MachineRecord {
     pub password: PasswordChange,
 }
 
+/// One machine an `import --update` replaces: its spec at the version it was read at, with its
+/// event.
+#[derive(Clone, Debug)]
+pub struct MachineUpdate {
+    /// The machine.
+    pub id: MachineId,
+    /// The version the update was computed from; another writer in between fails the import.
+    pub expected_version: i64,
+    /// The new spec and password change.
+    pub rec: MachineRecord,
+    /// Its `machine.updated` event.
+    pub event: NewEvent,
+}
+
 /// Filters and page of a machine listing.
 #[derive(Clone, Debug, Default)]
 pub struct MachineFilter {
@@ -111,6 +125,15 @@ pub trait MachineStore: Send + Sync + 'static {
     async fn import_machines(
         &self,
         rows: &[(MachineId, MachineRecord)],
+        actor: &str,
+    ) -> Result<(), StoreError>;
+
+    /// Insert `creates` and replace `updates` (each still at its expected version), with their
+    /// events, in one transaction: all or none (`import --update`).
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[MachineUpdate],
         actor: &str,
     ) -> Result<(), StoreError>;
 

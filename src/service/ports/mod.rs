@@ -34,7 +34,9 @@ pub use events::{Event, EventFilter, EventStore, NewEvent};
 pub use health::StoreHealth;
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
-pub use machines::{MachineFilter, MachinePage, MachineRecord, MachineStore, PasswordChange};
+pub use machines::{
+    MachineFilter, MachinePage, MachineRecord, MachineStore, MachineUpdate, PasswordChange,
+};
 pub use reinstalls::{Reinstall, ReinstallPolicy, ReinstallStore, Stage};
 pub use tokens::{ApiRole, NewToken, TokenInfo, TokenStore};
 
