@@ -331,6 +331,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
             d.subnets.clone(),
             crate::domain::dhcp::BootFiles {
                 http_base: d.boot_url.clone(),
+                tftp: config.tftp.is_some(),
             },
             LeaseTiming {
                 offer_ms: i64::from(d.offer_seconds) * 1000,

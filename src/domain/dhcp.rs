@@ -84,6 +84,11 @@ pub fn classify(
 pub struct BootFiles {
     /// Base URL of Plinth's HTTP front door as clients reach it, e.g. `http://10.0.0.1:8080`.
     pub http_base: String,
+    /// Whether Plinth's TFTP server runs. When it does not, PXE firmware is handed no boot file
+    /// (it cannot fetch one), so it gives up at once and goes on to its next boot option (UEFI
+    /// HTTP boot on a machine that has it) instead of timing out on a TFTP server that is not
+    /// there.
+    pub tftp: bool,
 }
 
 /// What a network-booting client is told to load.
@@ -154,7 +159,7 @@ impl BootFiles {
     pub fn answer(&self, client: BootClient) -> Option<BootAnswer> {
         let base = self.http_base.trim_end_matches('/');
         let tftp = |f: Firmware| {
-            Some(BootAnswer {
+            self.tftp.then(|| BootAnswer {
                 file: ipxe_binary(f).to_string(),
                 http_client: false,
             })
@@ -440,6 +445,7 @@ mod tests {
     fn boot_files_per_client() {
         let b = BootFiles {
             http_base: "http://10.0.0.1:8080/".into(),
+            tftp: true,
         };
         assert_eq!(
             b.answer(BootClient::BiosPxe).map(|a| a.file),
@@ -457,6 +463,20 @@ mod tests {
             Some("http://10.0.0.1:8080/boot.ipxe".into())
         );
         assert_eq!(b.answer(BootClient::Plain), None);
+
+        // TFTP off: PXE firmware gets no boot file (nothing to fetch it from); HTTP boot and
+        // iPXE are answered as before.
+        let b = BootFiles { tftp: false, ..b };
+        assert_eq!(b.answer(BootClient::BiosPxe), None);
+        assert_eq!(b.answer(BootClient::UefiPxe(Arch::Arm64)), None);
+        assert_eq!(
+            b.answer(BootClient::UefiHttp(Arch::Arm64)).map(|a| a.file),
+            Some("http://10.0.0.1:8080/ipxe/ipxe-arm64.efi".into())
+        );
+        assert_eq!(
+            b.answer(BootClient::Ipxe(Arch::Amd64)).map(|a| a.file),
+            Some("http://10.0.0.1:8080/boot.ipxe".into())
+        );
     }
 
     #[test]
