@@ -89,7 +89,6 @@ fn service(store: Stores) -> DhcpService {
         ],
         BootFiles {
             http_base: "http://10.20.0.1:8080".into(),
-            tftp: true,
         },
         LeaseTiming::default(),
     )

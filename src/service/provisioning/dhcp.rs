@@ -466,10 +466,6 @@ impl DhcpService {
             return Outcome::Silent("proxy_not_pxe");
         }
         let mut r = self.reply(req, subnet, kind, Ipv4Addr::UNSPECIFIED, false);
-        if r.boot.is_none() {
-            // A PXE client while TFTP is off: a proxy offer without a boot file is of no use.
-            return Outcome::Silent("proxy_no_boot_file");
-        }
         r.pxe_vendor = true;
         r.no_pxedhcp = false;
         Outcome::Reply(r)
