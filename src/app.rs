@@ -421,6 +421,15 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     identities.register(&metrics);
     let timeline = Timeline::start(stores.events.clone(), identities.clone(), shutdown.clone());
     timeline.register(&metrics);
+    if let Some(d) = &config.dhcp {
+        if config.tftp.is_none() {
+            tracing::warn!("TFTP is off: PXE firmware is still offered iPXE over TFTP from this server and will time out before its next boot option; UEFI HTTP boot and iPXE clients are served over HTTP");
+        }
+        for s in crate::domain::dhcp::unresolvable_http_boot(&d.boot_url, &d.subnets) {
+            tracing::warn!(subnet = %s.net, boot_url = %d.boot_url,
+                "UEFI HTTP boot clients of this subnet cannot resolve the boot URL's host name: give the subnet `dns` servers, or make [boot] public_url an IPv4 address");
+        }
+    }
     let dhcp_engine = config.dhcp.as_ref().map(|d| {
         Arc::new(DhcpService::new(
             stores.leases.clone(),
@@ -485,6 +494,9 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     });
     let mut dhcp = Vec::new();
     if let Some(d) = &config.dhcp {
+        if config.tftp.is_none() {
+            tracing::warn!("TFTP is off: PXE firmware is still offered iPXE over TFTP from this server and will time out before its next boot option; UEFI HTTP boot and iPXE clients are served over HTTP");
+        }
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
             dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));

@@ -285,6 +285,25 @@ impl Workflows {
         self.start_attempt(id, wipe, actor, false, 1).await
     }
 
+    /// The one-time boot a reinstall of `m` sets through its BMC: its profile's `bootTarget`
+    /// (UEFI HTTP boot, virtual media with the profile's `bootMediaUrl`) or else
+    /// `[workflows] boot_target`.
+    async fn boot_target_of(
+        &self,
+        m: &crate::domain::Machine,
+    ) -> Result<(BootTarget, Option<String>), ServiceError> {
+        let profile = match &m.profile {
+            Some(p) => self.configs.sources().await?.profiles.get(p).cloned(),
+            None => None,
+        };
+        let target = profile
+            .as_ref()
+            .and_then(|p| p.boot_target.as_deref())
+            .and_then(|t| t.parse::<BootTarget>().ok())
+            .unwrap_or(self.settings.boot_target);
+        Ok((target, profile.and_then(|p| p.boot_media_url)))
+    }
+
     async fn start_attempt(
         &self,
         id: MachineId,
@@ -350,7 +369,7 @@ impl Workflows {
         let next = if m.bmc.is_some() {
             format!(
                 "Plinth sets a one-time {} boot and power-cycles the machine through its BMC",
-                self.settings.boot_target
+                self.boot_target_of(&m).await?.0
             )
         } else {
             "this machine has no BMC: power-cycle it now and let it boot from the network".into()
@@ -685,17 +704,7 @@ impl Workflows {
                     return Ok(());
                 }
                 let reference = m.id.to_string();
-                // The profile may ask for UEFI HTTP boot or virtual media instead.
-                let profile = match &m.profile {
-                    Some(p) => self.configs.sources().await?.profiles.get(p).cloned(),
-                    None => None,
-                };
-                let target = profile
-                    .as_ref()
-                    .and_then(|p| p.boot_target.as_deref())
-                    .and_then(|t| t.parse::<BootTarget>().ok())
-                    .unwrap_or(self.settings.boot_target);
-                let media = profile.and_then(|p| p.boot_media_url);
+                let (target, media) = self.boot_target_of(&m).await?;
                 // The BMC may take minutes (power transitions are waited for): off the tick, so
                 // one slow BMC never holds up the other reinstalls or the scheduler.
                 let this = self.clone();

@@ -39,5 +39,6 @@ mod talos_schema;
 mod talos_secrets;
 mod timeline;
 mod vm_boot;
+mod vm_httpboot;
 mod workflow_crash;
 mod workflows;
