@@ -16,6 +16,7 @@ mod cli;
 mod cli_habits;
 mod cli_settings;
 mod clusters;
+mod console;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;
