@@ -576,6 +576,10 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         max_body_bytes: config.max_body_bytes,
         provisioning,
         events: crate::service::EventFeed::new(stores.events.clone(), stores.tokens.clone()),
+        secure_cookies: config
+            .boot_public_url
+            .as_deref()
+            .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://")),
     };
     if let Some(l) = images_listener {
         let (st, stop) = (state.clone(), shutdown.clone());

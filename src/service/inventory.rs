@@ -267,6 +267,21 @@ impl Inventory {
         Ok(self.machines.all_machines(filter).await?)
     }
 
+    /// A page of a sorted table of machines (the database sorts and pages; see
+    /// `MachineStore::machine_table`).
+    pub async fn table(
+        &self,
+        filter: &MachineFilter,
+        sort: crate::service::ports::MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, ServiceError> {
+        Ok(self
+            .machines
+            .machine_table(filter, sort, descending, offset)
+            .await?)
+    }
+
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
     /// `If-Match`; a `version` member of the patch is accepted instead. See [`Inventory::edit`].
     pub async fn update(

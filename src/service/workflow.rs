@@ -162,6 +162,11 @@ impl Workflows {
         }
     }
 
+    /// The reinstalls still running, fleet-wide.
+    pub async fn active(&self) -> Result<Vec<Reinstall>, ServiceError> {
+        Ok(self.reinstalls.active_reinstalls().await?)
+    }
+
     /// The cluster use cases.
     pub fn clusters(&self) -> &Clusters {
         &self.clusters

@@ -18,6 +18,7 @@ mod cli_habits;
 mod cli_settings;
 mod clusters;
 mod container;
+mod console;
 mod dhcp;
 mod dhcp_peers;
 mod dhcp_service;

@@ -164,6 +164,16 @@ impl ProvisioningService {
         }
     }
 
+    /// How full each DHCP subnet's pool is (see `DhcpService::pool_use`); empty when DHCP is off.
+    pub async fn pool_use(
+        &self,
+    ) -> Result<Vec<(Arc<crate::domain::dhcp::Subnet>, u64, u64)>, StoreError> {
+        match &self.inner.dhcp {
+            Some(d) => d.pool_use().await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The boot timeline recorder.
     pub fn timeline(&self) -> &Timeline {
         &self.inner.timeline
