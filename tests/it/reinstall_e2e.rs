@@ -30,7 +30,7 @@ use plinth::domain::{LifecycleState, MachineId, UniqueKey};
 use plinth::service::{Event, EventFilter, LeaseState, Stage, Stores};
 use sha2::{Digest, Sha256};
 
-use crate::support::qemu_bmc::{self, QemuBmc};
+use crate::support::qemu_bmc::QemuBmc;
 use crate::support::vm_image::{self, LOCAL_DISK_BANNER};
 use crate::support::vm_lab::{
     all_reports, config, import_image, open_store, plinth_ok, poll, qemu_command, read_report,
