@@ -20,12 +20,12 @@ use crate::talos_configs::{apply_dir, schemas, write_inventory};
 const VERSION: &str = "v1.12.11";
 
 #[derive(Clone, Default)]
-struct Factory {
-    hits: Arc<Mutex<HashMap<String, usize>>>,
+pub(crate) struct Factory {
+    pub(crate) hits: Arc<Mutex<HashMap<String, usize>>>,
     served: Arc<AtomicUsize>,
 }
 
-fn kernel() -> Vec<u8> {
+pub(crate) fn kernel() -> Vec<u8> {
     let mut k: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -33,7 +33,7 @@ fn kernel() -> Vec<u8> {
     k
 }
 
-fn initramfs() -> Vec<u8> {
+pub(crate) fn initramfs() -> Vec<u8> {
     let mut x: Vec<u8> = (0..1_500_000u32)
         .map(|i| (i.wrapping_mul(40_503) >> 7) as u8)
         .collect();
@@ -74,7 +74,7 @@ async fn image(
 
 use futures::StreamExt as _;
 
-async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
+pub(crate) async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
     let f = Factory::default();
     let app = axum::Router::new()
         .route(

@@ -29,6 +29,20 @@ pub struct MachineRecord {
     pub password: PasswordChange,
 }
 
+/// One machine an `import --update` replaces: its spec at the version it was read at, with its
+/// event.
+#[derive(Clone, Debug)]
+pub struct MachineUpdate {
+    /// The machine.
+    pub id: MachineId,
+    /// The version the update was computed from; another writer in between fails the import.
+    pub expected_version: i64,
+    /// The new spec and password change.
+    pub rec: MachineRecord,
+    /// Its `machine.updated` event.
+    pub event: NewEvent,
+}
+
 /// Filters and page of a machine listing.
 #[derive(Clone, Debug, Default)]
 pub struct MachineFilter {
@@ -168,6 +182,15 @@ pub trait MachineStore: Send + Sync + 'static {
         actor: &str,
     ) -> Result<(), StoreError>;
 
+    /// Insert `creates` and replace `updates` (each still at its expected version), with their
+    /// events, in one transaction: all or none (`import --update`).
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[MachineUpdate],
+        actor: &str,
+    ) -> Result<(), StoreError>;
+
     /// One machine by id.
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError>;
 
@@ -179,6 +202,37 @@ pub trait MachineStore: Send + Sync + 'static {
 
     /// A page of machines.
     async fn list_machines(&self, filter: &MachineFilter) -> Result<MachinePage, StoreError>;
+
+    /// Every machine `filter` selects, page by page (`filter.limit` a page, from `filter.after`):
+    /// each page goes to `visit` until it returns `false` or the last page is read. The one
+    /// paging loop of the crate; provided, so a store implements `list_machines` only.
+    async fn visit_machines(
+        &self,
+        filter: &MachineFilter,
+        visit: &mut (dyn for<'p> FnMut(&'p [Machine]) -> bool + Send),
+    ) -> Result<(), StoreError> {
+        let mut filter = filter.clone();
+        loop {
+            let page = self.list_machines(&filter).await?;
+            let go_on = visit(&page.items) && page.next_cursor.is_some();
+            match page.items.last().map(|m| m.id) {
+                Some(last) if go_on => filter.after = Some(last),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Every machine `filter` selects (say, every machine of a cluster), read page by page with
+    /// [`MachineStore::visit_machines`].
+    async fn all_machines(&self, filter: &MachineFilter) -> Result<Vec<Machine>, StoreError> {
+        let mut out = Vec::new();
+        self.visit_machines(filter, &mut |page| {
+            out.extend_from_slice(page);
+            true
+        })
+        .await?;
+        Ok(out)
+    }
 
     /// The sealed BMC password of a machine.
     async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError>;

@@ -166,6 +166,16 @@ impl MachineStore for BrokenStore {
         s.machines.import_machines(rows, actor).await
     }
 
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[plinth::service::ports::MachineUpdate],
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        let s = self.port(Port::Machines)?;
+        s.machines.import_and_update(creates, updates, actor).await
+    }
+
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError> {
         self.port(Port::Machines)?.machines.get_machine(id).await
     }
