@@ -262,6 +262,11 @@ impl Inventory {
         Ok(self.machines.list_machines(filter).await?)
     }
 
+    /// Every machine `filter` selects, read page by page (`filter.limit` a page).
+    pub async fn all(&self, filter: &MachineFilter) -> Result<Vec<Machine>, ServiceError> {
+        Ok(self.machines.all_machines(filter).await?)
+    }
+
     /// A page of a sorted table of machines (the database sorts and pages; see
     /// `MachineStore::machine_table`).
     pub async fn table(
@@ -275,11 +280,6 @@ impl Inventory {
             .machines
             .machine_table(filter, sort, descending, offset)
             .await?)
-    }
-
-    /// Every machine `filter` selects, read page by page (`filter.limit` a page).
-    pub async fn all(&self, filter: &MachineFilter) -> Result<Vec<Machine>, ServiceError> {
-        Ok(self.machines.all_machines(filter).await?)
     }
 
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
