@@ -2,7 +2,8 @@
 //! started here on a free loopback port and killed by its PID) against a running Plinth. Signing
 //! in, finding a machine in the rack view, a boot step appearing on the machine page without a
 //! reload (triggered by a real request to the boot route), accepting a discovered machine (one
-//! that really asked the boot route), starting a reinstall (the wipe needs the typed name), a
+//! that really asked the boot route), starting a reinstall (the wipe needs the typed name) and
+//! cancelling it, a
 //! viewer who sees no action and whose POSTs are refused, a missing or forged CSRF token refused,
 //! and sign-out ending the session on the server. Each test saves a screenshot under the cargo
 //! target directory (`console-screenshots/`) so a failure can be looked at.
@@ -233,6 +234,12 @@ async fn a_tech_finds_a_machine_in_its_rack_and_watches_it_boot_live() {
         .await
         .expect("unit 8");
     assert!(empty.text().await.expect("t").contains("empty"));
+    c.execute(
+        "arguments[0].scrollIntoView({block: 'center'});",
+        vec![serde_json::to_value(&unit).expect("element")],
+    )
+    .await
+    .expect("scroll");
     b.shot("rack-view").await;
     unit.find(Locator::Css("a"))
         .await
@@ -319,7 +326,7 @@ async fn a_tech_finds_a_machine_in_its_rack_and_watches_it_boot_live() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_accepts_a_discovered_machine_and_starts_a_reinstall() {
+async fn an_operator_accepts_a_discovered_machine_and_starts_and_cancels_a_reinstall() {
     let talos = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -498,6 +505,22 @@ async fn an_operator_accepts_a_discovered_machine_and_starts_a_reinstall() {
     assert_eq!(r["stage"], "power", "{r}");
     assert_eq!(r["wipe"], true);
     assert_eq!(r["requested_by"], "token:test-operator");
+    // And cancelled from the page: the machine goes to maintenance, the event names the token.
+    c.find(Locator::Css("#cancel-reinstall button"))
+        .await
+        .expect("cancel button")
+        .click()
+        .await
+        .expect("click");
+    c.wait()
+        .at_most(WAIT)
+        .for_element(Locator::XPath("//h1/span[contains(., 'maintenance')]"))
+        .await
+        .expect("in maintenance after the cancel");
+    b.shot("reinstall-cancelled").await;
+    let r = api_get(&srv, &format!("/api/v1/machines/{node_id}/reinstall")).await;
+    assert_eq!(r["stage"], "cancelled", "{r}");
+    assert_eq!(r["cancelled_by"], "token:test-operator", "{r}");
     drop(talos);
     b.finish().await;
     srv.finish().await;

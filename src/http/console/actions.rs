@@ -162,6 +162,20 @@ pub async fn reinstall(
     Ok(back(m.id))
 }
 
+/// Cancel the running reinstall (or a provisioning machine's window): the machine goes to
+/// maintenance and the `reinstall.cancelled` event names the signed-in token.
+pub async fn cancel_reinstall(
+    State(s): State<AppState>,
+    Path(id): Path<String>,
+    a: Action,
+) -> Result<Redirect, ConsoleError> {
+    a.who.require(ApiRole::Operator)?;
+    let m = s.inventory.resolve(&id).await?;
+    s.workflows.cancel(m.id, &a.who.actor()).await?;
+    tracing::info!(machine = %m.id, actor = %a.who.actor(), "console: reinstall cancelled");
+    Ok(back(m.id))
+}
+
 /// Move the machine into or out of maintenance.
 pub async fn set_state(
     State(s): State<AppState>,

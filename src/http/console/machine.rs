@@ -202,8 +202,11 @@ fn actions(who: &Signed, m: &Machine, reinstalling: bool) -> Markup {
                     }
                 }
             }
-            @if reinstalling {
-                p.hint { "A reinstall is running. Cancelling one is not offered: this build's API has no reinstall cancel." }
+            @if reinstalling || m.state == LifecycleState::Provisioning {
+                form.inline #cancel-reinstall method="post" action={ (base) "/reinstall/cancel" } {
+                    (csrf(who))
+                    button.danger type="submit" { "Cancel the reinstall (machine goes to maintenance)" }
+                }
             }
             @if m.state != LifecycleState::Maintenance && allowed(m.state, LifecycleState::Maintenance) {
                 form.inline method="post" action={ (base) "/state" } {

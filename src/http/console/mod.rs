@@ -45,6 +45,10 @@ pub fn routes() -> Router<AppState> {
         .route("/console/machines/{id}/reject", post(actions::reject))
         .route("/console/machines/{id}/boot-once", post(actions::boot_once))
         .route("/console/machines/{id}/reinstall", post(actions::reinstall))
+        .route(
+            "/console/machines/{id}/reinstall/cancel",
+            post(actions::cancel_reinstall),
+        )
         .route("/console/machines/{id}/state", post(actions::set_state))
         .route("/console/discovered", get(pages::discovered))
         .route("/console/events", get(pages::events))
