@@ -1,16 +1,17 @@
 //! The HTTP front door: the `/api/v1` API (machines, tokens, BMCs, configs, workflows, clusters,
 //! events), the machines' boot routes (`/boot.ipxe`, `/boot/machine.ipxe`, `/config/`, the iPXE
-//! binaries under `/ipxe/`, images under `/images/`), `/healthz`, `/metrics` and the OpenAPI
-//! document; and the image door (`images_listener`), a second listener that serves `/images/`
-//! with `sendfile(2)`. Handlers decode the request, call the service (the boot routes ask
-//! `ProvisioningService`), and encode the answer; errors become statuses in `error` only. They
-//! never touch SQL. Imports `service`, `domain` and `metrics`; never `store`, `bmc` or another
-//! front door.
+//! binaries under `/ipxe/`, images under `/images/`), `/healthz`, `/metrics`, the OpenAPI
+//! document and the web console (`console`: `/` and `/console/...`); and the image door
+//! (`images_listener`), a second listener that serves `/images/` with `sendfile(2)`. Handlers
+//! decode the request, call the service (the boot routes ask `ProvisioningService`), and encode
+//! the answer; errors become statuses in `error` only. They never touch SQL. Imports `service`,
+//! `domain` and `metrics`; never `store`, `bmc` or another front door.
 
 mod bmc;
 mod boot;
 mod clusters;
 mod configs;
+mod console;
 pub mod error;
 pub mod extract;
 mod files;
@@ -56,6 +57,8 @@ pub struct AppState {
     pub workflows: crate::service::Workflows,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Mark the console's session cookie `Secure` (the public URL is https).
+    pub secure_cookies: bool,
 }
 
 /// The whole HTTP application.
@@ -116,6 +119,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ipxe/{file}", get(boot::ipxe_binary))
         .route("/images/{schematic}/{version}/{file}", get(boot::image))
         .route("/metrics", get(metrics::export))
+        .merge(console::routes())
         .fallback(|| async {
             error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })
