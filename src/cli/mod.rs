@@ -2,14 +2,15 @@
 //! own: the server's commands (`serve`, `migrate`, `secret-key`), the commands that work on the
 //! database or data directory directly (`token`, `apply`, `config render|diff`, `image`), files
 //! only (`cluster init`, `config generate|patch|validate`), the groups that talk to a running
-//! server's API (`machine`, `bmc`), which share `ApiArgs` (server, token, `--json`) and one
-//! client, and `completion`. Output helpers (lines, JSON, tables) are in `output`; how the
+//! server's API (`machine`, `bmc`, `cluster bootstrap|talosconfig|kubeconfig|health`), which
+//! share `ApiArgs` (server, token, `--json`) and one client (`api`), and `completion`. Output helpers (lines, JSON, tables) are in `output`; how the
 //! database is found and opened is in `database`. Every command takes `--json`, and under it an
 //! error is `{"error": {...}}` on stderr.
 //!
 //! Arrows inside: every group may import `api`, `output`, `events` and `database`; groups never
-//! import each other, nor this file (which imports them all). Outside: `app` (to start the server and open the store), `config`, `domain`,
-//! `declare`, `images`, `talos` and the services the commands call.
+//! import each other, nor this file (which imports them all). Outside: `app` (to start the server
+//! and open the store), `config`, `domain`, `declare`, `images`, `talos`, `store` (only to redact
+//! a database URL for display) and the services the commands call.
 
 use std::path::PathBuf;
 

@@ -1,6 +1,11 @@
-//! The HTTP front door: the `/api/v1` inventory API, `/healthz`, `/metrics`, the OpenAPI
-//! document, and the web console (`console`: `/` and `/console/...`). Handlers decode the request, call the service, and encode the answer; they never touch
-//! SQL. Must not import `store` or any other front door.
+//! The HTTP front door: the `/api/v1` API (machines, tokens, BMCs, configs, workflows, clusters,
+//! events), the machines' boot routes (`/boot.ipxe`, `/boot/machine.ipxe`, `/config/`, the iPXE
+//! binaries under `/ipxe/`, images under `/images/`), `/healthz`, `/metrics`, the OpenAPI
+//! document and the web console (`console`: `/` and `/console/...`); and the image door
+//! (`images_listener`), a second listener that serves `/images/` with `sendfile(2)`. Handlers
+//! decode the request, call the service (the boot routes ask `ProvisioningService`), and encode
+//! the answer; errors become statuses in `error` only. They never touch SQL. Imports `service`,
+//! `domain` and `metrics`; never `store`, `bmc` or another front door.
 
 mod bmc;
 mod boot;

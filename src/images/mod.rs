@@ -4,7 +4,9 @@
 //! and renamed into place, so a reader never sees half a file; a `.sha256` beside each file records
 //! its digest, which also serves as its HTTP ETag.
 //!
-//! Imports no front door and no store.
+//! Implements the image port (`service::ports::images`) that the provisioning service's pull
+//! policy uses; `pull` fetches from Image Factory. Imports `domain` and `service::ports` only: no
+//! use case, no front door, no store.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};

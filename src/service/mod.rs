@@ -1,12 +1,18 @@
 //! Use cases of Plinth and the ports they need from the outside world.
 //!
-//! Front doors (HTTP, DHCP, TFTP) call the use cases: `Inventory`, `Tokens`, `ConfigService`,
-//! `BmcService`, `Workflows`, `DhcpService`, the boot `Timeline`. Each takes the ports it uses
-//! (`ports`: machines, events, tokens, leases, BMC, configs, reinstalls, store health) in its
-//! constructor; `crate::store` and `crate::bmc` implement them. Errors: `ServiceError` (`error`).
+//! Front doors (HTTP, DHCP, TFTP, the CLI) call the use cases: `provisioning` (the one answer to
+//! what a machine boots now: `ProvisioningService`, `DhcpService`, `Identities`, the boot
+//! `Timeline`), `inventory` (`Inventory`), `auth` (`Tokens`), `machine_config` (`ConfigService`),
+//! `bmc` (`BmcService`), `workflow` (`Workflows`, reinstalls), `clusters` (`Clusters`: verified
+//! install, bootstrap, health), `apply` (the declarative inventory), `events` (`EventFeed`, the
+//! live feed), with `secrets` (`SecretBox`) and `throttle` beside them. Each takes the ports it
+//! uses (`ports`: machines, events, tokens, leases, BMC, configs, reinstalls, Talos API and its
+//! state, images, store health) in its constructor; `crate::store`, `crate::bmc`,
+//! `crate::images` and `crate::talos_api` implement them. Errors: `ServiceError` (`error`).
 //!
-//! This module imports `domain` and `talos`, nothing from `store`, `bmc`, `http` or any front
-//! door. The names re-exported here are the layer's public face; each lives in one module.
+//! This module imports `domain`, `talos` and `metrics`, nothing from `store`, `bmc`, `images`,
+//! `talos_api`, `http` or any front door. The names re-exported here are the layer's public face;
+//! each lives in one module.
 
 pub mod apply;
 pub mod auth;

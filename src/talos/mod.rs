@@ -2,8 +2,9 @@
 //! ([`MachineConfig`]), Talos versions ([`TalosVersion`]), strategic-merge and RFC 6902 patches
 //! ([`patch`]), stable install-disk selection ([`disk`]), Image Factory schematic ids
 //! ([`schematic`]), schema and semantic validation ([`validate`]), layered rendering
-//! ([`render`]) and native generation of a role's base config from a secrets bundle
-//! ([`generate`]).
+//! ([`render`]), native generation of a role's base config from a secrets bundle
+//! ([`generate`]) and the bundle itself ([`secrets`]), and the client certificates, talosconfig
+//! and kubeconfig made from a cluster's CAs ([`pki`]).
 //!
 //! This module owns the meaning of a Talos config. It performs no I/O beyond reading a file whose
 //! path it is given (a patch, a JSON schema) and must not import tokio, sqlx, axum, reqwest or any

@@ -9,11 +9,10 @@ use crate::support;
 use crate::support::bmc_peers as peers;
 
 use std::io::Write;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use axum::routing::get;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use support::{Ask as _, Backend, TestServer};
@@ -170,31 +169,6 @@ fn kinds(events: &[Value]) -> Vec<String> {
         .iter()
         .map(|e| e["kind"].as_str().unwrap_or("").to_string())
         .collect()
-}
-
-/// Serve a small "ISO" on 127.0.0.1:0 and count the downloads.
-async fn image_server() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let image: &'static [u8] = Box::leak(vec![0x42u8; 64 * 1024].into_boxed_slice());
-    let app = axum::Router::new().route(
-        "/{name}",
-        get(move || {
-            let h = h.clone();
-            async move {
-                h.fetch_add(1, Ordering::SeqCst);
-                image
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind image server");
-    let addr = listener.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), hits, task)
 }
 
 const EMU_USER: &str = "admin";
@@ -361,7 +335,7 @@ async fn emulator_power_boot_media_through_api_and_cli() {
     assert_eq!(r["boot_override"]["target"], "Cd", "{out}");
 
     // Virtual media with an image this test serves.
-    let (images, _hits, server) = image_server().await;
+    let (images, _hits, server) = peers::image_server().await;
     let image = format!("{images}/talos.iso");
     let r = ok(
         &s,

@@ -4,11 +4,10 @@
 
 use crate::support::bmc_peers as peers;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
 use std::time::Duration;
 
-use axum::routing::get;
 use plinth::bmc::{
     AuthMode, Bmc, BmcEndpoint, BmcError, BmcOptions, BootMode, BootTarget, CertFingerprint,
     MediaLocation, Password, PowerAction, PowerState, RedfishBmc, TlsPolicy,
@@ -47,31 +46,6 @@ fn emulator(tls: bool) -> peers::Emulator {
         auth: Some((USER.into(), PASSWORD.into())),
         tls,
     })
-}
-
-/// Serve a small "ISO" on 127.0.0.1:0 and count the downloads.
-async fn image_server() -> (String, Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
-    let hits = Arc::new(AtomicUsize::new(0));
-    let h = hits.clone();
-    let image: &'static [u8] = Box::leak(vec![0x42u8; 64 * 1024].into_boxed_slice());
-    let app = axum::Router::new().route(
-        "/{name}",
-        get(move || {
-            let h = h.clone();
-            async move {
-                h.fetch_add(1, Ordering::SeqCst);
-                image
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind image server");
-    let addr = listener.local_addr().expect("addr");
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (format!("http://{addr}"), hits, task)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -173,7 +147,7 @@ async fn boot_override_is_read_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn virtual_media_insert_and_eject() {
     let emu = emulator(false);
-    let (base, hits, server) = image_server().await;
+    let (base, hits, server) = peers::image_server().await;
     let bmc = client(emu.peer.url(), PASSWORD, TlsPolicy::PlainHttp);
 
     let st = bmc.media_status().await.expect("status");

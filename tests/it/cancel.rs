@@ -15,9 +15,8 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::cli::plinth;
-use crate::support::{self, Backend, TestServer};
+use crate::support::{self, Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, boot_script, fetch, schemas, token_of, MAC, UUID};
-use plinth::service::Workflows;
 
 fn extra() -> String {
     format!(
@@ -26,55 +25,23 @@ fn extra() -> String {
     )
 }
 
-async fn workflows(srv: &TestServer, extra: &str) -> Workflows {
-    let cfg = support::config(&srv.db, extra);
-    let store = plinth::app::open_store(&cfg, false).await.expect("store");
-    let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let inventory = plinth::app::inventory(&store, secrets.clone());
-    let configs = plinth::app::config_service(&store, secrets, Some(schemas()));
-    let bmc = plinth::app::bmc_service(
-        &inventory,
-        &store,
-        std::sync::Arc::new(plinth::bmc::RedfishConnector::default()),
-    );
-    let clusters = plinth::app::clusters(
-        &configs,
-        &store,
-        std::sync::Arc::new(plinth::talos_api::TalosApiClient::default()),
-        plinth::service::clusters::ClusterSettings {
-            talos_api_port: cfg.workflows.talos_api_port,
-            ..Default::default()
-        },
-    );
-    plinth::app::workflows(
-        &inventory,
-        &configs,
-        &bmc,
-        &store,
-        clusters,
-        cfg.workflows.clone(),
-    )
-}
+use support::workflows;
 
 async fn get(srv: &TestServer, path: &str) -> Value {
     srv.req(Method::GET, path, &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("get")
         .json()
-        .await
-        .expect("json")
 }
 
 async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
     let r = srv
         .req(Method::POST, path, &srv.operator)
         .json(&body)
-        .send()
-        .await
-        .expect("post");
-    let st = r.status();
-    (st, r.json().await.unwrap_or(Value::Null))
+        .answer()
+        .await;
+    let st = r.status;
+    (st, r.json())
 }
 
 async fn state(srv: &TestServer, id: &str, to: &str) {
@@ -330,14 +297,9 @@ async fn failed_by_a_person_is_never_reinstalled_automatically(b: Backend) {
             &format!("/api/v1/machines/{node}/reinstall"),
             &srv.viewer,
         )
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(
-        r.status(),
-        StatusCode::NOT_FOUND,
-        "no reinstall was started"
-    );
+        .answer()
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "no reinstall was started");
 
     let (st, body) = post(
         &srv,
@@ -388,11 +350,10 @@ async fn rm_and_close_mid_reinstall(b: Backend) {
             &srv.operator,
         )
         .header("If-Match", format!("\"{version}\""))
-        .send()
+        .answer()
         .await
-        .expect("delete");
-    assert_eq!(r.status(), StatusCode::CONFLICT);
-    let body = r.text().await.unwrap_or_default();
+        .expect_status(StatusCode::CONFLICT);
+    let body = r.text;
     assert!(
         body.contains("--cancel") && body.contains("--force"),
         "{body}"
@@ -407,16 +368,14 @@ async fn rm_and_close_mid_reinstall(b: Backend) {
     );
     let (code, out, err) = plinth(tmp.path(), &["machine", "rm", "node-1", "--force"], &env);
     assert_eq!(code, 0, "{out}{err}");
-    let r = srv
-        .req(
-            Method::GET,
-            &format!("/api/v1/machines/{node}"),
-            &srv.viewer,
-        )
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    srv.req(
+        Method::GET,
+        &format!("/api/v1/machines/{node}"),
+        &srv.viewer,
+    )
+    .answer()
+    .await
+    .expect_status(StatusCode::NOT_FOUND);
     let evs = get(&srv, "/api/v1/events?kind=reinstall.cancelled").await;
     let evs: Vec<&Value> = evs
         .as_array()
@@ -471,10 +430,9 @@ async fn follow_ends_when_cancelled(b: Backend) {
                 &format!("/api/v1/machines/{node}/reinstall"),
                 &srv.viewer,
             )
-            .send()
-            .await
-            .expect("get");
-        if r.status() == StatusCode::OK {
+            .answer()
+            .await;
+        if r.status == StatusCode::OK {
             started = true;
             break;
         }

@@ -17,15 +17,10 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::support::talos_node::{NodeOptions, SharedCluster, TalosNode};
-use crate::support::{self, Ask as _, Backend, TestServer};
+use crate::support::{self, free_port, Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas};
 use plinth::service::clusters::{BootstrapError, ClusterSettings};
 use plinth::service::Workflows;
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    l.local_addr().expect("addr").port()
-}
 
 fn extra(port: u16) -> String {
     format!(
@@ -35,42 +30,22 @@ fn extra(port: u16) -> String {
 }
 
 async fn services(srv: &TestServer, extra: &str, instance: &str) -> Workflows {
-    let cfg = support::config(&srv.db, extra);
-    let store = plinth::app::open_store(&cfg, false).await.expect("store");
-    let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let inventory = plinth::app::inventory(&store, secrets.clone());
-    let configs = plinth::app::config_service(&store, secrets, Some(schemas()));
-    let bmc = plinth::app::bmc_service(
-        &inventory,
-        &store,
-        Arc::new(plinth::bmc::RedfishConnector::default()),
-    );
-    let clusters = plinth::app::clusters(
-        &configs,
-        &store,
-        Arc::new(plinth::talos_api::TalosApiClient::new(
-            plinth::talos_api::ClientSettings {
-                connect_timeout: Duration::from_secs(2),
-                call_timeout: Duration::from_secs(5),
-                attempts: 2,
-                backoff: Duration::from_millis(100),
-            },
-        )),
+    support::workflows_with(
+        srv,
+        extra,
+        plinth::talos_api::TalosApiClient::new(plinth::talos_api::ClientSettings {
+            connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(5),
+            attempts: 2,
+            backoff: Duration::from_millis(100),
+        }),
         ClusterSettings {
-            talos_api_port: cfg.workflows.talos_api_port,
             health_wait: Duration::from_secs(3),
             instance: instance.into(),
             ..Default::default()
         },
-    );
-    plinth::app::workflows(
-        &inventory,
-        &configs,
-        &bmc,
-        &store,
-        clusters,
-        cfg.workflows.clone(),
     )
+    .await
 }
 
 async fn get(srv: &TestServer, path: &str) -> Value {

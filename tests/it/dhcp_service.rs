@@ -59,16 +59,6 @@ fn req(kind: RequestKind, mac: &str) -> DhcpRequest {
     }
 }
 
-async fn store(db: &TestDb) -> Stores {
-    plinth::store::open(&plinth::store::StoreOptions {
-        url: db.url.clone(),
-        max_connections: 8,
-        migrate: true,
-    })
-    .await
-    .expect("store")
-}
-
 fn service(store: Stores) -> DhcpService {
     DhcpService::new(
         store.leases,
@@ -119,7 +109,7 @@ async fn dora(svc: &DhcpService, mac: &str) -> Ipv4Addr {
 
 async fn rfc2131_request_rules(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let svc = service(st.clone());
     let a = dora(&svc, "52:54:00:20:00:01").await;
     assert!(svc.subnets()[0].in_pool(a), "{a}");
@@ -258,7 +248,7 @@ async fn rfc2131_request_rules(b: Backend) {
 
 async fn pool_exhaustion_and_reservations(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let svc = service(st.clone());
     // An address reserved in the inventory for one machine is never offered to another, even
     // when that other client asks for it (option 50).
@@ -330,7 +320,7 @@ async fn pool_exhaustion_and_reservations(b: Backend) {
 
 async fn relayed_requests_record_option_82(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let svc = service(st.clone());
     let mut d = req(RequestKind::Discover, "52:54:00:22:00:01");
     d.giaddr = "10.30.0.1".parse().expect("ip");
@@ -387,7 +377,7 @@ fn hex_of(b: &[u8]) -> String {
 
 async fn proxy_mode_answers_pxe_only(b: Backend) {
     let db = TestDb::new(b).await;
-    let svc = service(store(&db).await);
+    let svc = service(db.stores().await);
     let mut d = req(RequestKind::Discover, "52:54:00:23:00:01");
     d.local_ips = vec!["10.40.0.1".parse().expect("ip")];
     d.client = BootClient::UefiPxe(Arch::Amd64);
@@ -436,7 +426,7 @@ async fn proxy_mode_answers_pxe_only(b: Backend) {
 /// relay circuit at most its share, and a known machine still gets an address afterwards.
 async fn unknown_clients_and_circuits_hold_at_most_their_quota(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let svc = service(st.clone());
     // The pool 10.20.0.100-109: ten addresses, five for unknown clients.
     let mut bound = 0;
@@ -499,8 +489,8 @@ both_backends!(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_instances_on_postgres_never_share_an_address() {
     let db = TestDb::new(Backend::Postgres).await;
-    let a = Arc::new(service(store(&db).await));
-    let b = Arc::new(service(store(&db).await));
+    let a = Arc::new(service(db.stores().await));
+    let b = Arc::new(service(db.stores().await));
     let mut tasks = Vec::new();
     for i in 0..60u32 {
         let svc = if i % 2 == 0 { a.clone() } else { b.clone() };
@@ -538,7 +528,7 @@ async fn two_instances_on_postgres_never_share_an_address() {
         "an address was ACKed to two MACs: {acked:?}"
     );
     assert_eq!(acked.len(), 10, "the whole pool is handed out, once each");
-    let st = store(&db).await;
+    let st = db.stores().await;
     for (mac, ip) in &acked {
         let l = st
             .leases

@@ -23,16 +23,6 @@ use plinth::service::ports::{
 };
 use support::{Backend, TestDb};
 
-async fn store(db: &TestDb) -> Stores {
-    plinth::store::open(&plinth::store::StoreOptions {
-        url: db.url.clone(),
-        max_connections: 8,
-        migrate: true,
-    })
-    .await
-    .expect("store")
-}
-
 /// Now, at the precision both databases keep (PostgreSQL: microseconds).
 fn now() -> DateTime<Utc> {
     Utc::now().trunc_subsecs(3)
@@ -138,7 +128,7 @@ async fn events_of(st: &Stores, id: MachineId, kind: &str) -> usize {
 /// change state, delete; each write with its event.
 async fn machines_crud(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 1).await;
     assert_eq!(m.version, 1);
     assert_eq!(m.state, LifecycleState::Registered);
@@ -286,7 +276,7 @@ async fn machines_crud(b: Backend) {
 /// NotFound; a state change from a state the machine is no longer in is refused.
 async fn machines_version_conflicts(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 3).await;
     let ev = event(Some(m.id), "machine.updated");
     st.machines
@@ -404,7 +394,7 @@ type Take = fn(&mut MachineSpec);
 /// imports nothing.
 async fn machines_uniqueness_conflicts(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let a = create(&st, 5).await;
     let taken: [(&str, Take); 6] = [
         ("hostname", |s| s.hostname = Some("node-5".into())),
@@ -539,7 +529,7 @@ async fn machines_uniqueness_conflicts(b: Backend) {
 /// Listing: every filter, free text (LIKE wildcards taken literally), keyset pages and totals.
 async fn machines_filters_and_pages(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let mut ids = Vec::new();
     for n in 10..=14u8 {
         ids.push(create(&st, n).await.id);
@@ -723,7 +713,7 @@ async fn machines_filters_and_pages(b: Backend) {
 /// The sealed BMC password: set on create, kept, replaced, cleared; gone with the BMC.
 async fn machines_bmc_passwords(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 20).await;
     assert_eq!(
         st.machines.bmc_password(m.id).await.expect("pw"),
@@ -775,7 +765,7 @@ async fn machines_bmc_passwords(b: Backend) {
 /// prefix (wildcards taken literally), after an id, and the newest N oldest first.
 async fn events_order_and_filters(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     assert_eq!(st.events.last_event_id().await.expect("last"), 0);
     let (m1, m2) = (MachineId::new(), MachineId::new());
     st.events
@@ -910,7 +900,7 @@ fn token(name: &str, fill: u8, expires_at: Option<DateTime<Utc>>) -> NewToken {
 /// false; a hash is unique.
 async fn tokens_lifecycle(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let live = token("live", 1, Some(now() + Duration::hours(1)));
     let expired = token("expired", 2, Some(now() - Duration::seconds(1)));
     let forever = token("forever", 3, None);
@@ -964,7 +954,7 @@ async fn tokens_lifecycle(b: Backend) {
 /// the MAC that declined them) until they expire.
 async fn leases_reads_and_expiry(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     assert_eq!(
         st.leases.is_shared(),
         b == Backend::Postgres,
@@ -1170,7 +1160,7 @@ async fn leases_reads_and_expiry(b: Backend) {
 /// event; none for a machine never probed.
 async fn bmc_capability_records(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 40).await;
     assert_eq!(
         st.bmc_capabilities
@@ -1259,7 +1249,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
 /// and the config last served to it.
 async fn configs_objects_and_served(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 50).await;
     let profile = ProfileSpec {
         name: "gpu".into(),
@@ -1432,7 +1422,7 @@ async fn configs_objects_and_served(b: Backend) {
 /// closed once (the token goes with it), replaced by a new one.
 async fn configs_windows(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 52).await;
     assert_eq!(st.configs.window(m.id).await.expect("none"), None);
     assert!(!st
@@ -1531,7 +1521,7 @@ async fn configs_windows(b: Backend) {
 /// replaced by the next.
 async fn reinstalls_compare_and_set(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 60).await;
     assert_eq!(st.reinstalls.reinstall(m.id).await.expect("none"), None);
     let t = now();
@@ -1670,7 +1660,7 @@ async fn reinstalls_compare_and_set(b: Backend) {
 async fn talos_state_claims_once(b: Backend) {
     use plinth::service::ports::talos_state::{BootstrapRecord, BootstrapState, NodeVerification};
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let m = create(&st, 45).await;
     let t = now();
     let claim = |instance: &str| BootstrapRecord {
@@ -1836,7 +1826,7 @@ async fn talos_state_claims_once(b: Backend) {
 /// The health ping answers on a reachable database.
 async fn health_ping(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     st.health.ping().await.expect("ping");
     db.drop_db().await;
 }
@@ -1853,7 +1843,7 @@ fn claim(ip: &str, mac: &str, state: LeaseState) -> LeaseClaim {
 /// last address, the released address is released. An offer never ends a bound lease.
 async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let race: Vec<_> = (0..64u32)
         .map(|i| {
             let st = st.clone();
@@ -2029,7 +2019,7 @@ both_backends!(
 #[tokio::test]
 async fn sqlite_lease_commits_go_ahead_of_queued_writers() {
     let db = TestDb::new(Backend::Sqlite).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     const WRITERS: usize = 200;
     let order = Arc::new(std::sync::Mutex::new(Vec::<&'static str>::new()));
     let mut tasks = Vec::new();

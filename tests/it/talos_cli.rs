@@ -1,16 +1,11 @@
 //! `plinth config generate`, `plinth config patch` and `plinth config validate` as a user runs
 //! them, on the shared Talos reference data.
 
-use std::path::{Path, PathBuf};
+use crate::support::shared;
+
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
-
-fn shared() -> PathBuf {
-    std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-}
 
 /// YAML data with empty values dropped (Talos adds or omits them per field when re-encoding).
 fn normal(v: serde_yaml_ng::Value) -> Option<serde_yaml_ng::Value> {

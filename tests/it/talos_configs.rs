@@ -16,11 +16,7 @@ use plinth::talos::{MachineConfig, TalosVersion};
 
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
-fn shared() -> PathBuf {
-    std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-}
+use crate::support::shared;
 
 pub(crate) fn schemas() -> PathBuf {
     shared().join("talos/schemas")

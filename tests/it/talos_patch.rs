@@ -10,10 +10,7 @@ use plinth::talos::MachineConfig;
 use serde_yaml_ng::Value;
 
 fn shared() -> PathBuf {
-    std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-        .join("talos/patches")
+    crate::support::shared().join("talos/patches")
 }
 
 fn config(rel: &str) -> MachineConfig {

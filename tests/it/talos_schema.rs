@@ -15,10 +15,7 @@ use plinth::talos::validate::{
 use plinth::talos::{MachineConfig, TalosVersion};
 
 fn shared() -> PathBuf {
-    std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-        .join("talos")
+    crate::support::shared().join("talos")
 }
 
 const VERSIONS: &[&str] = &["1.11.6", "1.12.11", "1.13.9"];

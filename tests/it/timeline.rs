@@ -10,19 +10,9 @@ use plinth::domain::{Interface, MacAddr, Machine, MachineSpec};
 use plinth::service::inventory::Inventory;
 use plinth::service::provisioning::timeline::{Step, Timeline};
 use plinth::service::provisioning::Identities;
-use plinth::service::{EventFilter, NewEvent, SecretBox, Stores};
+use plinth::service::{EventFilter, NewEvent, SecretBox};
 use support::{Backend, TestDb};
 use tokio_util::sync::CancellationToken;
-
-async fn store(db: &TestDb) -> Stores {
-    plinth::store::open(&plinth::store::StoreOptions {
-        url: db.url.clone(),
-        max_connections: 4,
-        migrate: true,
-    })
-    .await
-    .expect("store")
-}
 
 /// A machine with one boot interface.
 async fn machine(inv: &Inventory, hostname: &str, mac: MacAddr) -> Machine {
@@ -54,7 +44,7 @@ fn kind_filter(id: plinth::domain::MachineId, kind: &str) -> EventFilter {
 
 async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
     let inv = plinth::app::inventory(&st, secrets);
     let mac: MacAddr = "52:54:00:7e:00:01".parse().expect("mac");
@@ -129,7 +119,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
 async fn an_address_passing_to_another_machine_takes_its_steps_along(b: Backend) {
     use plinth::service::LeaseState;
     let db = TestDb::new(b).await;
-    let st = store(&db).await;
+    let st = db.stores().await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
     let inv = plinth::app::inventory(&st, secrets);
     let mut ids = Vec::new();

@@ -8,7 +8,7 @@
 //! and call `tick` themselves, so every step is deterministic.
 
 use std::path::Path;
-use std::sync::Arc;
+
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
@@ -18,7 +18,6 @@ use crate::support::{self, Ask as _, Backend, TestServer};
 use crate::talos_configs::{
     apply_dir, boot_script, fetch, schemas, token_of, write_inventory, UUID,
 };
-use plinth::service::Workflows;
 
 fn extra(port: u16, netboot_seconds: u64) -> String {
     format!(
@@ -27,35 +26,7 @@ fn extra(port: u16, netboot_seconds: u64) -> String {
     )
 }
 
-async fn workflows(srv: &TestServer, extra: &str) -> Workflows {
-    let cfg = support::config(&srv.db, extra);
-    let store = plinth::app::open_store(&cfg, false).await.expect("store");
-    let secrets = plinth::app::secret_box(&cfg).expect("key");
-    let inventory = plinth::app::inventory(&store, secrets.clone());
-    let configs = plinth::app::config_service(&store, secrets, Some(schemas()));
-    let bmc = plinth::app::bmc_service(
-        &inventory,
-        &store,
-        Arc::new(plinth::bmc::RedfishConnector::default()),
-    );
-    let clusters = plinth::app::clusters(
-        &configs,
-        &store,
-        Arc::new(plinth::talos_api::TalosApiClient::default()),
-        plinth::service::clusters::ClusterSettings {
-            talos_api_port: cfg.workflows.talos_api_port,
-            ..Default::default()
-        },
-    );
-    plinth::app::workflows(
-        &inventory,
-        &configs,
-        &bmc,
-        &store,
-        clusters,
-        cfg.workflows.clone(),
-    )
-}
+use support::workflows;
 
 async fn get(srv: &TestServer, path: &str) -> Value {
     srv.req(Method::GET, path, &srv.viewer)

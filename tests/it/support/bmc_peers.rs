@@ -7,7 +7,7 @@
 
 #![allow(dead_code)]
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,11 +30,9 @@ pub fn venv() -> PathBuf {
     dir
 }
 
-/// The shared reference data (`PLINTH_SHARED` or `<crate>/../shared`).
+/// The shared reference data (`support::shared`), checked to hold the Redfish mockups.
 pub fn shared() -> PathBuf {
-    let dir = std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
+    let dir = super::shared();
     assert!(
         dir.join("redfish-mockups").is_dir(),
         "shared reference data not found at {} (set PLINTH_SHARED)",
@@ -44,10 +42,7 @@ pub fn shared() -> PathBuf {
 }
 
 /// A port that was free a moment ago (for peers that take a port number, not a socket).
-pub fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind port 0");
-    l.local_addr().expect("local addr").port()
-}
+pub use super::free_port;
 
 /// A child process killed (by its PID) when dropped.
 pub struct Peer {
@@ -459,4 +454,33 @@ impl Drop for RecordedBmc {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Serve a small "ISO" on 127.0.0.1:0 and count the downloads.
+pub async fn image_server() -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    tokio::task::JoinHandle<()>,
+) {
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let h = hits.clone();
+    let image: &'static [u8] = Box::leak(vec![0x42u8; 64 * 1024].into_boxed_slice());
+    let app = axum::Router::new().route(
+        "/{name}",
+        axum::routing::get(move || {
+            let h = h.clone();
+            async move {
+                h.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                image
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind image server");
+    let addr = listener.local_addr().expect("addr");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), hits, task)
 }

@@ -17,8 +17,11 @@
 //! (`r.header("etag")`, `assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text)`).
 //!
 //! ## Shared fixtures
-//! [`TestServer`] (and [`TestDb`] for tests that start the binary themselves), [`Backend`] with
-//! `both_backends!`, [`lease_claim`], [`wait_until`]. The submodules hold the larger harnesses:
+//! [`TestServer`] (and [`TestDb`], with [`TestDb::stores`], for tests that start the binary or the
+//! stores themselves), [`Backend`] with `both_backends!`, [`config`], [`workflows`] and
+//! [`workflows_with`] (the engine wired as `app` wires it, ticked by the test), [`shared`] (the reference data), [`free_port`],
+//! [`lease_claim`]. A helper that a second test file needs moves here (or into the submodule of
+//! its harness) instead of being copied. The submodules hold the larger harnesses:
 //! network namespaces (`netns`, `lan`, `vm_lab`), real peers (`peers`, `bmc_peers`, `qemu_bmc`,
 //! `talos_node`, `vm_image`) and the failing store (`broken_store`).
 //!
@@ -132,6 +135,66 @@ impl Ask for reqwest::RequestBuilder {
     }
 }
 
+/// The shared reference data (`../shared` beside the crate, or `PLINTH_SHARED`): Talos schemas,
+/// configs and patches, Redfish mockups. Tests read it; the product never does.
+pub fn shared() -> PathBuf {
+    std::env::var_os("PLINTH_SHARED")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind port 0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// The workflow engine over `srv`'s database, wired as `app` wires it (see [`workflows_with`]),
+/// with the default Talos API client and cluster settings.
+pub async fn workflows(srv: &TestServer, extra: &str) -> plinth::service::Workflows {
+    workflows_with(srv, extra, Default::default(), Default::default()).await
+}
+
+/// The workflow engine over `srv`'s database, wired as `app` wires it: inventory, machine
+/// configs (validated against the shared Talos schemas), BMCs over Redfish, clusters over
+/// `talos` with `cluster` settings (its Talos API port is the config's). `extra` is the config
+/// (see [`config`]); with a long `tick_seconds` the test calls `tick` itself.
+pub async fn workflows_with(
+    srv: &TestServer,
+    extra: &str,
+    talos: plinth::talos_api::TalosApiClient,
+    cluster: plinth::service::clusters::ClusterSettings,
+) -> plinth::service::Workflows {
+    let cfg = config(&srv.db, extra);
+    let store = plinth::app::open_store(&cfg, false).await.expect("store");
+    let secrets = plinth::app::secret_box(&cfg).expect("key");
+    let inventory = plinth::app::inventory(&store, secrets.clone());
+    let configs =
+        plinth::app::config_service(&store, secrets, Some(shared().join("talos/schemas")));
+    let bmc = plinth::app::bmc_service(
+        &inventory,
+        &store,
+        std::sync::Arc::new(plinth::bmc::RedfishConnector::default()),
+    );
+    let clusters = plinth::app::clusters(
+        &configs,
+        &store,
+        std::sync::Arc::new(talos),
+        plinth::service::clusters::ClusterSettings {
+            talos_api_port: cfg.workflows.talos_api_port,
+            ..cluster
+        },
+    );
+    plinth::app::workflows(
+        &inventory,
+        &configs,
+        &bmc,
+        &store,
+        clusters,
+        cfg.workflows.clone(),
+    )
+}
+
 /// A lease claim for `mac` on `ip` in `subnet`, valid for ten minutes from now.
 pub fn lease_claim(
     ip: &str,
@@ -218,6 +281,17 @@ impl TestDb {
                 }
             }
         }
+    }
+
+    /// The stores over this database, migrated (at most 8 connections).
+    pub async fn stores(&self) -> plinth::service::Stores {
+        plinth::store::open(&plinth::store::StoreOptions {
+            url: self.url.clone(),
+            max_connections: 8,
+            migrate: true,
+        })
+        .await
+        .expect("store")
     }
 
     /// Drop the PostgreSQL database (SQLite goes with the temp dir).

@@ -213,12 +213,6 @@ pub fn workdir(tag: &str) -> tempfile::TempDir {
     dir
 }
 
-pub fn shared() -> PathBuf {
-    std::env::var_os("PLINTH_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-}
-
 /// Plinth's config file for the lab; `extra` is appended (whole tables, e.g. `[workflows]`).
 pub fn config(dir: &Path, br: &str, extra: &str) -> PathBuf {
     let text = format!(
@@ -247,7 +241,7 @@ lease_seconds = 600
         data = dir.join("data").display(),
         key = dir.join("secret.key").display(),
         ipxe = dir.join("ipxe").display(),
-        schemas = shared().join("talos/schemas").display(),
+        schemas = super::shared().join("talos/schemas").display(),
     );
     // The iPXE binaries, from Debian's package, through the project's own script.
     let st = Command::new("sh")
