@@ -108,7 +108,8 @@ pub struct WindowOpened {
 }
 
 /// Open the machine's provisioning window: its config must render and validate (422 naming why
-/// not); the machine becomes `provisioning`, and its next network boot installs Talos with a
+/// not); its cluster's Talos image is checked (a warning when it is not cached; the pull starts
+/// when a factory is configured); the machine becomes `provisioning`, and its next network boot installs Talos with a
 /// token minted for that boot.
 #[utoipa::path(post, path = "/api/v1/machines/{id}/provision", tag = "configs", request_body = OpenWindow,
     params(("id" = String, Path, description = "inventory id or host name")),
@@ -129,6 +130,8 @@ pub async fn open(
         return Err(crate::service::ServiceError::Invalid(e).into());
     }
     let m = s.inventory.resolve(&id).await?;
+    // The image first: a pull it needs starts now rather than at the machine's first boot.
+    let image = s.provisioning.prepare_image(&m).await?;
     let (window, rendered) = s
         .configs
         .open_window(
@@ -146,14 +149,19 @@ pub async fn open(
             }
         })?;
     tracing::info!(machine = %m.id, actor = %caller.actor(), expires_at = %window.expires_at, "provisioning window opened");
+    let mut warnings = rendered.warnings;
+    warnings.extend(image);
     Ok(Json(WindowOpened {
         window,
         sha256: rendered.sha256,
-        warnings: rendered.warnings,
+        warnings,
     }))
 }
 
-/// Close the machine's provisioning window: its config is no longer served.
+/// Close the machine's provisioning window: its config is no longer served. A machine still
+/// `provisioning` is stopped as a cancel does (it goes to `maintenance`, freeing its control-plane
+/// and rack slots, and a running reinstall ends as `cancelled`), so it never stays provisioning
+/// with nothing to install it.
 #[utoipa::path(delete, path = "/api/v1/machines/{id}/provision", tag = "configs",
     params(("id" = String, Path, description = "inventory id or host name")),
     responses((status = 204, description = "closed"), (status = 404, body = ErrorEnvelope, description = "no open window")),
@@ -165,6 +173,10 @@ pub async fn close(
 ) -> Result<StatusCode, ApiError> {
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
+    if m.state == crate::domain::LifecycleState::Provisioning {
+        s.workflows.cancel(m.id, &caller.actor()).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     if s.configs
         .close_window(m.id, "closed by an operator", &caller.actor())
         .await

@@ -14,18 +14,18 @@ use axum::response::{IntoResponse, Response};
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 
-use crate::support::{Backend, TestServer};
+use crate::support::{Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas, write_inventory};
 
 const VERSION: &str = "v1.12.11";
 
 #[derive(Clone, Default)]
-struct Factory {
-    hits: Arc<Mutex<HashMap<String, usize>>>,
+pub(crate) struct Factory {
+    pub(crate) hits: Arc<Mutex<HashMap<String, usize>>>,
     served: Arc<AtomicUsize>,
 }
 
-fn kernel() -> Vec<u8> {
+pub(crate) fn kernel() -> Vec<u8> {
     let mut k: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -33,7 +33,7 @@ fn kernel() -> Vec<u8> {
     k
 }
 
-fn initramfs() -> Vec<u8> {
+pub(crate) fn initramfs() -> Vec<u8> {
     let mut x: Vec<u8> = (0..1_500_000u32)
         .map(|i| (i.wrapping_mul(40_503) >> 7) as u8)
         .collect();
@@ -74,7 +74,7 @@ async fn image(
 
 use futures::StreamExt as _;
 
-async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
+pub(crate) async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
     let f = Factory::default();
     let app = axum::Router::new()
         .route(
@@ -235,12 +235,9 @@ async fn on_demand_pull_is_single_flight() {
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
     let st: serde_json::Value = srv
         .req(Method::GET, "/api/v1/machines/node-1/config", &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
 
     // Both doors pull through the one single-flight look-up: the main port and the image door.
@@ -254,26 +251,33 @@ async fn on_demand_pull_is_single_flight() {
         let r = srv
             .client
             .get(format!("{door}/images/{schematic}/v1.11.6/kernel-amd64"))
-            .send()
-            .await
-            .expect("get");
-        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{door}");
+            .answer()
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{door}");
     }
     assert!(f.hits.lock().expect("hits").is_empty());
 
     // Two hundred machines at once ask for the kernel that is not cached yet, half of them
-    // through the image door.
+    // through the image door. They come from eight source addresses (as machines do from their
+    // own), so the doors' per-client connection cap does not turn them away.
     let want = sha(&kernel());
+    let clients: Vec<reqwest::Client> = (1..=8u8)
+        .map(|n| {
+            reqwest::Client::builder()
+                .local_address(std::net::IpAddr::from([127, 0, 1, n]))
+                .build()
+                .expect("client")
+        })
+        .collect();
     let mut tasks = Vec::new();
     for i in 0..200 {
         let (c, u) = (
-            srv.client.clone(),
+            clients[i % clients.len()].clone(),
             format!("{}/images/{schematic}/{VERSION}/kernel-amd64", doors[i % 2]),
         );
         tasks.push(tokio::spawn(async move {
-            let r = c.get(u).send().await.expect("get");
-            let status = r.status();
-            (status, sha(&r.bytes().await.expect("body")))
+            let r = c.get(u).answer().await;
+            (r.status, sha(&r.body))
         }));
     }
     for t in tasks {
