@@ -17,6 +17,9 @@ pub struct InstallAssets {
     /// The machine config URL; `${uuid}` and friends may appear in its query string only (Talos
     /// substitutes them there and nowhere else).
     pub config_url: String,
+    /// Talos' own default arguments for the release being installed (its `DefaultArgs`),
+    /// which Image Factory also puts on its PXE line.
+    pub talos_args: Vec<String>,
     /// Extra kernel arguments (cluster, profile, machine), in that order.
     pub extra_args: Vec<String>,
     /// Wipe the system disk on this boot (`talos.experimental.wipe=system`).
@@ -79,8 +82,6 @@ pub fn kernel_cmdline(arch: Arch, assets: &InstallAssets, initrd_name: &str) -> 
         // Debian's older iPXE needs initrd=<name> on the kernel line under UEFI.
         format!("initrd={initrd_name}"),
         "talos.platform=metal".into(),
-        "slab_nomerge".into(),
-        "pti=on".into(),
     ];
     match arch {
         Arch::Amd64 => args.push("console=tty0".into()),
@@ -89,6 +90,7 @@ pub fn kernel_cmdline(arch: Arch, assets: &InstallAssets, initrd_name: &str) -> 
             args.push("console=tty0".into());
         }
     }
+    args.extend(assets.talos_args.iter().cloned());
     if assets.wipe {
         args.push("talos.experimental.wipe=system".into());
     }
@@ -230,6 +232,7 @@ mod tests {
             kernel_url: "http://p:8080/images/s/v1.11.6/kernel-amd64".into(),
             initramfs_url: "http://p:8080/images/s/v1.11.6/initramfs-amd64.xz".into(),
             config_url: "http://p:8080/config/TOKEN?uuid=${uuid}".into(),
+            talos_args: vec!["slab_nomerge".into(), "pti=on".into()],
             extra_args: vec!["net.ifnames=0".into()],
             wipe: false,
         }

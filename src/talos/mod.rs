@@ -12,6 +12,7 @@
 
 pub mod disk;
 pub mod generate;
+pub mod kernel;
 pub mod patch;
 pub mod pki;
 pub mod render;

@@ -264,7 +264,14 @@ fn example_inventory_applies_renders_and_diffs() {
         "control-plane role patch"
     );
     assert_eq!(doc["machine"]["time"]["servers"][0], "time.cloudflare.com");
-    let (w, _) = cli.ok(&["config", "render", "worker-1"]);
+    let (w, werr) = cli.ok(&["config", "render", "worker-1"]);
+    // Inventory kernel args reach the install boot only; Talos 1.11 without
+    // machine.install.extraKernelArgs does not keep them, and render says so.
+    assert!(
+        werr.contains("kernelArgs `net.ifnames=0 intel_iommu=on` apply to the install boot only")
+            && werr.contains("machine.install.extraKernelArgs"),
+        "{werr}"
+    );
     let wdoc = MachineConfig::parse(&w).expect("worker");
     let wdoc = wdoc.v1alpha1().expect("v1alpha1");
     assert_eq!(wdoc["machine"]["type"], "worker");
@@ -592,6 +599,30 @@ async fn config_delivery(b: Backend) {
     assert!(
         script.contains("talos.platform=metal") && script.contains("pti=on"),
         "{script}"
+    );
+    // The kernel line carries Talos 1.12's own default arguments (DefaultArgs + quirks),
+    // module.sig_enforce included, and not those of other releases.
+    let kernel_line = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap_or_else(|| panic!("no kernel line: {script}"));
+    let words: Vec<&str> = kernel_line.split(' ').collect();
+    for arg in [
+        "init_on_alloc=1",
+        "slab_nomerge",
+        "pti=on",
+        "consoleblank=0",
+        "nvme_core.io_timeout=4294967295",
+        "printk.devkmsg=on",
+        "selinux=1",
+        "module.sig_enforce=1",
+        "console=tty0",
+    ] {
+        assert!(words.contains(&arg), "{arg} missing: {kernel_line}");
+    }
+    assert!(
+        !kernel_line.contains("proc_mem.force_override"),
+        "a 1.13 argument on a 1.12 line: {kernel_line}"
     );
     assert!(
         script.contains(&format!("talos.config={}/config/{id}?token=", srv.base))

@@ -252,6 +252,42 @@ impl ConfigService {
             kernel_args.extend(p.kernel_args.iter().cloned());
         }
         kernel_args.extend(own.kernel_args.iter().cloned());
+        if !kernel_args.is_empty() {
+            // Inventory kernel args go on the PXE line of the install boot. Whether they outlive
+            // the installation depends on where Talos keeps a kernel line for this release and
+            // boot loader: say so instead of dropping them silently.
+            let install = rendered
+                .config
+                .v1alpha1()
+                .and_then(|d| d.get("machine"))
+                .and_then(|m| m.get("install"));
+            let uki = version >= TalosVersion::new(1, 14, 0)
+                || install
+                    .and_then(|i| i.get("grubUseUKICmdline"))
+                    .and_then(serde_yaml_ng::Value::as_bool)
+                    == Some(true);
+            let kept = install
+                .and_then(|i| i.get("extraKernelArgs"))
+                .and_then(serde_yaml_ng::Value::as_sequence)
+                .map(|a| a.iter().filter_map(|v| v.as_str()).collect::<Vec<_>>())
+                .unwrap_or_default();
+            let lost: Vec<&String> = kernel_args
+                .iter()
+                .filter(|a| uki || !kept.contains(&a.as_str()))
+                .collect();
+            if !lost.is_empty() {
+                let list = lost
+                    .iter()
+                    .map(|a| a.as_str())
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                warnings.push(if uki {
+                    format!("kernelArgs `{list}` apply to the install boot only: Talos {version} boots the kernel line built into its UKI (grubUseUKICmdline / systemd-boot) and cannot keep them; put arguments that must persist in the schematic's customization.extraKernelArgs")
+                } else {
+                    format!("kernelArgs `{list}` apply to the install boot only: to keep them after installation, also set machine.install.extraKernelArgs")
+                });
+            }
+        }
         Ok(RenderedMachine {
             sha256: sha256_hex(yaml.as_bytes()),
             yaml,

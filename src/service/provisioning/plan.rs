@@ -198,6 +198,15 @@ impl ProvisioningService {
                 "{base}/config/{}?token={}&uuid=${{uuid}}",
                 m.id, ticket.token
             ),
+            talos_args: version
+                .parse::<crate::talos::TalosVersion>()
+                .map(|v| {
+                    crate::talos::kernel::default_args(v)
+                        .into_iter()
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
             extra_args: ticket.kernel_args,
             wipe: ticket.wipe,
         }))
