@@ -807,6 +807,9 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             if json_out {
                 say(&started);
             } else {
+                for warning in started["warnings"].as_array().into_iter().flatten() {
+                    eprintln!("warning: {}", s(warning));
+                }
                 say(format!(
                     "{machine}: reinstall started; {}",
                     s(&started["next"])

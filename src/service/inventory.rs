@@ -262,6 +262,26 @@ impl Inventory {
         Ok(self.machines.list_machines(filter).await?)
     }
 
+    /// Every machine `filter` selects, read page by page (`filter.limit` a page).
+    pub async fn all(&self, filter: &MachineFilter) -> Result<Vec<Machine>, ServiceError> {
+        Ok(self.machines.all_machines(filter).await?)
+    }
+
+    /// A page of a sorted table of machines (the database sorts and pages; see
+    /// `MachineStore::machine_table`).
+    pub async fn table(
+        &self,
+        filter: &MachineFilter,
+        sort: crate::service::ports::MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, ServiceError> {
+        Ok(self
+            .machines
+            .machine_table(filter, sort, descending, offset)
+            .await?)
+    }
+
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
     /// `If-Match`; a `version` member of the patch is accepted instead. See [`Inventory::edit`].
     pub async fn update(
@@ -787,21 +807,23 @@ impl Inventory {
     /// failing that, at the next start).
     pub async fn reseal_bmc_passwords(&self, actor: &str) -> Result<Resealed, ServiceError> {
         let mut done = Resealed::default();
-        let mut filter = MachineFilter {
+        let mut with_password = Vec::new();
+        let every = MachineFilter {
             limit: 1000,
             ..Default::default()
         };
-        loop {
-            let page = self.machines.list_machines(&filter).await?;
-            for m in &page.items {
-                if m.bmc.as_ref().is_some_and(|b| b.has_password) {
-                    self.reseal_one(m.id, actor, &mut done).await?;
-                }
-            }
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(next) => filter.after = Some(next),
-                None => break,
-            }
+        self.machines
+            .visit_machines(&every, &mut |page| {
+                with_password.extend(
+                    page.iter()
+                        .filter(|m| m.bmc.as_ref().is_some_and(|b| b.has_password))
+                        .map(|m| m.id),
+                );
+                true
+            })
+            .await?;
+        for id in with_password {
+            self.reseal_one(id, actor, &mut done).await?;
         }
         if done.resealed > 0 || done.unreadable > 0 {
             tracing::info!(

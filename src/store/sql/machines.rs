@@ -17,7 +17,7 @@ use crate::domain::{
     Role, UniqueKey,
 };
 use crate::service::ports::{
-    MachineFilter, MachinePage, MachineRecord, MachineStore, MachineUpdate, NewEvent,
+    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate, NewEvent,
     PasswordChange, StoreError,
 };
 use crate::store::{like_pattern, parse_enum, CHUNK};
@@ -746,6 +746,54 @@ impl MachineStore for Store {
             items,
             total,
             next_cursor,
+        })
+    }
+
+    async fn machine_table(
+        &self,
+        filter: &MachineFilter,
+        sort: MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, StoreError> {
+        let mut count = QueryBuilder::<Db>::new("SELECT COUNT(*) FROM machines m");
+        push_filter(&mut count, filter);
+        let total: i64 = count.build_query_scalar().fetch_one(&self.read).await?;
+        let limit = filter.limit.clamp(1, 1000);
+        let dir = if descending { "DESC" } else { "ASC" };
+        // Column names come from this match only, never from the caller's text.
+        let cols: &[&str] = match sort {
+            MachineSort::Hostname => &["m.hostname"],
+            MachineSort::Location => &["m.site", "m.rack", "m.rack_unit"],
+            MachineSort::State => &["m.state"],
+            MachineSort::Serial => &["m.serial"],
+            MachineSort::AssetTag => &["m.asset_tag"],
+            MachineSort::Updated => &["m.updated_at"],
+        };
+        let order = cols
+            .iter()
+            .map(|c| format!("({c} IS NULL), {c} {dir}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut q = QueryBuilder::<Db>::new(format!("SELECT {MACHINE_COLS} FROM machines m"));
+        push_filter(&mut q, filter);
+        q.push(format!(" ORDER BY {order}, m.id {dir} LIMIT "))
+            .push_bind(i64::from(limit) + 1)
+            .push(" OFFSET ")
+            .push_bind(i64::from(offset));
+        let rows = q.build().fetch_all(&self.read).await?;
+        let mut items = rows
+            .iter()
+            .map(machine_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let more = items.len() > limit as usize;
+        items.truncate(limit as usize);
+        let mut conn = self.read.acquire().await?;
+        attach(&mut conn, &mut items).await?;
+        Ok(MachinePage {
+            items,
+            total,
+            next_cursor: more.then(|| (u64::from(offset) + u64::from(limit)).to_string()),
         })
     }
 

@@ -198,6 +198,19 @@ impl MachineStore for BrokenStore {
     async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError> {
         self.port(Port::Machines)?.machines.bmc_password(id).await
     }
+
+    async fn machine_table(
+        &self,
+        filter: &MachineFilter,
+        sort: plinth::service::MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, StoreError> {
+        self.port(Port::Machines)?
+            .machines
+            .machine_table(filter, sort, descending, offset)
+            .await
+    }
 }
 
 #[async_trait]
@@ -239,6 +252,27 @@ impl TokenStore for BrokenStore {
 
     async fn revoke_token(&self, id: Uuid) -> Result<bool, StoreError> {
         self.port(Port::Tokens)?.tokens.revoke_token(id).await
+    }
+
+    async fn create_session(
+        &self,
+        session: &plinth::service::NewSession,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Tokens)?
+            .tokens
+            .create_session(session)
+            .await
+    }
+
+    async fn session_by_hash(
+        &self,
+        hash: &[u8],
+    ) -> Result<Option<(TokenInfo, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        self.port(Port::Tokens)?.tokens.session_by_hash(hash).await
+    }
+
+    async fn delete_session(&self, hash: &[u8]) -> Result<bool, StoreError> {
+        self.port(Port::Tokens)?.tokens.delete_session(hash).await
     }
 }
 
