@@ -148,7 +148,7 @@ pub async fn open(
                 ApiError::from(crate::service::ServiceError::from(c))
             }
         })?;
-    tracing::info!(machine = %m.id, actor = %caller.actor(), expires_at = %window.expires_at, "provisioning window opened");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), expires_at = %window.expires_at, "provisioning window opened");
     let mut warnings = rendered.warnings;
     warnings.extend(image);
     Ok(Json(WindowOpened {

@@ -113,7 +113,7 @@ pub async fn update(
         .edit(current.id, version, patch, &caller.actor())
         .await?;
     let m = edited.machine;
-    tracing::info!(machine = %m.id, version = m.version, actor = %caller.actor(), "machine updated");
+    tracing::info!(machine = %m.id, name = %m.display_name(), version = m.version, actor = %caller.actor(), "machine updated");
     if m.bmc.is_some() && m.bmc != current.bmc {
         s.bmc.probe_in_background(m.id, &caller.actor());
     }
@@ -152,7 +152,7 @@ pub async fn remove(
     s.workflows
         .remove(current.id, version, p.force, &caller.actor())
         .await?;
-    tracing::info!(machine = %current.id, actor = %caller.actor(), "machine removed");
+    tracing::info!(machine = %current.id, name = %current.display_name(), actor = %caller.actor(), "machine removed");
     s.bmc.forget(current.id);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -202,7 +202,7 @@ pub async fn set_state(
             !change.auto_reinstall,
         )
         .await?;
-    tracing::info!(machine = %m.id, from = %current.state, to = %m.state, actor = %caller.actor(), "machine state");
+    tracing::info!(machine = %m.id, name = %m.display_name(), from = %current.state, to = %m.state, actor = %caller.actor(), "machine state");
     Ok(with_etag(StatusCode::OK, &m))
 }
 

@@ -804,7 +804,7 @@ impl Workflows {
                             "talos_version": v.talos_version, "cert_sha256": v.cert_sha256}),
                     )
                     .await?;
-                    tracing::info!(machine = %m.id, talos_version = %v.talos_version, "reinstall done: installed");
+                    tracing::info!(machine = %m.id, name = %m.display_name(), talos_version = %v.talos_version, "reinstall done: installed");
                 } else if now > r.stage_deadline {
                     self.missed(&r).await?;
                 }
@@ -854,7 +854,7 @@ impl Workflows {
             }
             // A person marked it failed (or cancelled its reinstall): theirs to decide.
             if m.manual_hold {
-                tracing::debug!(machine = %m.id, by = ?m.state_by, "automatic reinstall skipped: a person set the machine's state");
+                tracing::debug!(machine = %m.id, name = %m.display_name(), by = ?m.state_by, "automatic reinstall skipped: a person set the machine's state");
                 continue;
             }
             let last = self.reinstalls.reinstall(m.id).await?;
@@ -877,10 +877,10 @@ impl Workflows {
             {
                 Ok(_) => {}
                 Err(ServiceError::Busy(why)) => {
-                    tracing::debug!(machine = %m.id, why, "automatic reinstall waits");
+                    tracing::debug!(machine = %m.id, name = %m.display_name(), why, "automatic reinstall waits");
                 }
                 Err(e) => {
-                    tracing::warn!(machine = %m.id, error = %e, "automatic reinstall not started");
+                    tracing::warn!(machine = %m.id, name = %m.display_name(), error = %e, "automatic reinstall not started");
                 }
             }
         }

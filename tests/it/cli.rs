@@ -415,7 +415,7 @@ fn kill_9_during_import_postgres() {
 fn bulk_edit_counts_and_asks() {
     use std::io::Write;
     let dir = tempfile::tempdir().expect("tmp");
-    let server = serve(dir.path(), &[], &[]);
+    let server = serve(dir.path(), &[], &[("RUST_LOG", "info".to_string())]);
     let (_, token, _) = plinth(
         dir.path(),
         &["token", "create", "--role", "operator", "--name", "tech"],
@@ -497,4 +497,11 @@ fn bulk_edit_counts_and_asks() {
     let v: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(v["matched"], 2);
     assert_eq!(v["changed"], serde_json::json!(["b1", "b2"]));
+    // The server's log names the machines by host name, not only by id.
+    let log = server.log.lock().map(|l| l.clone()).unwrap_or_default();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("machine updated") && l.contains("name=b2")),
+        "{log}"
+    );
 }

@@ -63,7 +63,7 @@ impl BmcService {
             detail,
         };
         if let Err(e) = self.inner.inventory.append_event(&ev).await {
-            tracing::error!(machine = %m.id, kind, error = %e, "cannot record BMC event");
+            tracing::error!(machine = %m.id, name = %m.display_name(), kind, error = %e, "cannot record BMC event");
         }
     }
 
@@ -82,7 +82,7 @@ impl BmcService {
         match &result {
             Ok(_) => {
                 detail.insert("result".into(), json!("ok"));
-                tracing::info!(machine = %m.id, action = kind, actor, elapsed_ms, "BMC action done");
+                tracing::info!(machine = %m.id, name = %m.display_name(), action = kind, actor, elapsed_ms, "BMC action done");
             }
             Err(e) => {
                 detail.insert("result".into(), json!("failed"));
@@ -91,7 +91,7 @@ impl BmcService {
                     detail.insert("wanted".into(), json!(wanted));
                     detail.insert("actual".into(), json!(actual));
                 }
-                tracing::warn!(machine = %m.id, action = kind, actor, elapsed_ms, error = %e, "BMC action failed");
+                tracing::warn!(machine = %m.id, name = %m.display_name(), action = kind, actor, elapsed_ms, error = %e, "BMC action failed");
             }
         }
         self.event(m, kind, actor, Value::Object(detail)).await;

@@ -83,7 +83,7 @@ impl BmcService {
         detail.insert("nics".into(), json!(hw.host_macs().len()));
         detail.insert("drives".into(), json!(hw.drives.len()));
         if !merge.conflicts.is_empty() {
-            tracing::warn!(machine = %updated.id, conflicts = merge.conflicts.len(), "inspection found values that contradict the inventory; not overwritten");
+            tracing::warn!(machine = %updated.id, name = %updated.display_name(), conflicts = merge.conflicts.len(), "inspection found values that contradict the inventory; not overwritten");
         }
         self.finish(&updated, "bmc.inspect", actor, detail, started, Ok(()))
             .await?;

@@ -107,11 +107,11 @@ impl BmcService {
         self.inner.caps.put_bmc_capabilities(&rec, &event).await?;
         match result {
             Ok(_) => {
-                tracing::info!(machine = %m.id, actor, elapsed_ms, "BMC capabilities probed");
+                tracing::info!(machine = %m.id, name = %m.display_name(), actor, elapsed_ms, "BMC capabilities probed");
                 Ok(rec)
             }
             Err(e) => {
-                tracing::warn!(machine = %m.id, actor, elapsed_ms, error = %e, "BMC capability probe failed; recorded");
+                tracing::warn!(machine = %m.id, name = %m.display_name(), actor, elapsed_ms, error = %e, "BMC capability probe failed; recorded");
                 Err(ServiceError::Bmc(e))
             }
         }

@@ -180,7 +180,7 @@ impl ProvisioningService {
             }
             Ok(Ticket::Waiting(why)) => return Err(why),
             Err(e) => {
-                tracing::warn!(machine = %m.id, error = %e, "boot: the machine's config does not render");
+                tracing::warn!(machine = %m.id, name = %m.display_name(), error = %e, "boot: the machine's config does not render");
                 return Err(format!("the machine config does not render: {e}"));
             }
         };
@@ -249,6 +249,6 @@ impl ProvisioningService {
         if let Err(e) = self.inner.events.append_event(&event).await {
             tracing::warn!(error = %e, "boot: timeline event not written");
         }
-        tracing::info!(machine = %m.id, %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
+        tracing::info!(machine = %m.id, name = %m.display_name(), %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
     }
 }
