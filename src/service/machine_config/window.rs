@@ -7,8 +7,9 @@
 //! the event says the binding is weak), and is bound to that address; a request from any other
 //! address gets no token and never replaces the machine's. The fetch must come from that address
 //! with that token, within [`TOKEN_TTL`] of the mint, once (the first config served uses it up,
-//! in the same transaction), with the machine's SMBIOS UUID (a machine with none on record binds
-//! the first one it presents). Every refusal is one answer to the client (nothing tells which
+//! in the same transaction), with the machine's SMBIOS UUID (a worker with none on record binds
+//! the first one it presents; a control-plane machine, whose config holds the cluster's CA keys,
+//! is served only to a UUID on record). Every refusal is one answer to the client (nothing tells which
 //! check failed, and refusals take the same time), and an event of the machine; the anomalies
 //! that mean someone else is trying (a foreign address, a token used twice, another UUID) are
 //! events of their own kind and a metric, so an operator knows which cluster's secrets to rotate.
@@ -23,7 +24,7 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use super::{sealed_context, ConfigService, MachineConfigError, RenderedMachine};
-use crate::domain::{LifecycleState, Machine, MachineId};
+use crate::domain::{LifecycleState, Machine, MachineId, Role};
 use crate::service::error::ServiceError;
 use crate::service::inventory::Inventory;
 use crate::service::ports::{LeaseState, NewEvent, ProvisionWindow, ServedConfig, StoreError};
@@ -45,6 +46,12 @@ pub const TOKEN_TTL: Duration = Duration::minutes(15);
 /// The least time a refused fetch takes, whatever was checked: answers do not tell by their
 /// timing which machines exist or which windows are open.
 const REFUSAL_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The refusal of a control-plane machine without a recorded SMBIOS UUID.
+pub const CONTROL_PLANE_NEEDS_UUID: &str =
+    "a control-plane machine's config is served only to its recorded SMBIOS UUID, \
+     and none is recorded: read it from the machine's firmware or BMC and set `smbios_uuid` \
+     (`plinth machine edit NAME --set smbios_uuid=UUID`)";
 
 /// What an install boot needs from the config side.
 #[derive(Clone)]
@@ -383,6 +390,11 @@ impl ConfigService {
                         "SMBIOS UUID does not match the machine",
                     )
                     .await
+            }
+            // A control-plane config holds the cluster's CA keys: it goes only to the UUID an
+            // operator (or the machine's discovery) recorded, never to the first one presented.
+            None if m.role == Some(Role::ControlPlane) => {
+                return self.refuse(id, from, CONTROL_PLANE_NEEDS_UUID).await
             }
             None => true,
         };

@@ -33,7 +33,7 @@ pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
 pub use health::StoreHealth;
 pub use images::{CachedImage, ImageFetchError, TalosImages};
-pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
+pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{MachineFilter, MachinePage, MachineRecord, MachineStore, PasswordChange};
 pub use reinstalls::{Reinstall, ReinstallPolicy, ReinstallStore, Stage};
 pub use tokens::{ApiRole, NewToken, TokenInfo, TokenStore};
