@@ -221,3 +221,116 @@ relay_agents = ["10.85.0.2"]
     drop(agent);
     db.drop_db().await;
 }
+
+/// `plinth` against `srv` with the operator's token.
+fn cli(srv: &support::TestServer, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(support::peers::BIN)
+        .env_remove("PLINTH_CONFIG")
+        .env("PLINTH_SERVER", &srv.base)
+        .env("PLINTH_TOKEN", &srv.operator)
+        .args(args)
+        .output()
+        .expect("plinth runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// The operator's side: `plinth machine circuit` sets, shows and clears a pin, `machine show`
+/// shows it, bad values are refused naming the field, and each change is an event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_and_change_a_machines_circuit() {
+    let srv = support::TestServer::start(Backend::Sqlite).await;
+    let r = srv
+        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
+        .json(&serde_json::json!({
+            "hostname": "pin-2",
+            "interfaces": [{ "mac": "52:54:00:86:00:02", "boot": true }],
+        }))
+        .send()
+        .await
+        .expect("create");
+    assert_eq!(r.status().as_u16(), 201);
+    let (ok, out) = cli(&srv, &["machine", "circuit", "pin-2"]);
+    assert!(ok && out.contains("no circuit pinned"), "{out}");
+    let (ok, out) = cli(
+        &srv,
+        &[
+            "machine",
+            "circuit",
+            "pin-2",
+            "--relay",
+            "10.86.0.1",
+            "--circuit-id",
+            "706F72742D33",
+        ],
+    );
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("relay 10.86.0.1 circuit 706f72742d33"),
+        "{out}"
+    );
+    let (ok, out) = cli(&srv, &["machine", "show", "pin-2"]);
+    assert!(
+        ok && out.contains("dhcp_circuit") && out.contains("706f72742d33"),
+        "{out}"
+    );
+    let (ok, out) = cli(
+        &srv,
+        &[
+            "machine",
+            "circuit",
+            "pin-2",
+            "--relay",
+            "10.86.0.1",
+            "--circuit-id",
+            "xyz",
+        ],
+    );
+    assert!(!ok && out.contains("circuit_id"), "{out}");
+    let (ok, out) = cli(&srv, &["machine", "circuit", "pin-2", "--clear"]);
+    assert!(ok && out.contains("no circuit pinned"), "{out}");
+    let (ok, out) = cli(&srv, &["machine", "show", "pin-2", "--json"]);
+    assert!(ok, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("json");
+    assert!(v["dhcp_circuit"].is_null(), "{v}");
+    let r: serde_json::Value = srv
+        .req(
+            reqwest::Method::GET,
+            "/api/v1/events?kind=dhcp.circuit",
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    let kinds: Vec<&str> = r
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"dhcp.circuit_set") && kinds.contains(&"dhcp.circuit_cleared"),
+        "{kinds:?}"
+    );
+    // A viewer may look, not change.
+    let r = srv
+        .req(
+            reqwest::Method::DELETE,
+            "/api/v1/machines/pin-2/dhcp-circuit",
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(r.status().as_u16(), 403);
+    srv.finish().await;
+}
