@@ -145,6 +145,14 @@ pub enum MachineCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// Approve the release of a machine's config for its current install boot (clusters with
+    /// `delivery: approve`): CODE is what the machine's console shows.
+    Approve {
+        /// The machine.
+        machine: String,
+        /// The code on the machine's console, e.g. `K7QP-3MZX`.
+        code: String,
+    },
     /// Whether a machine's config renders, its digest, warnings and provisioning window.
     Config {
         /// The machine.
@@ -651,6 +659,23 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 o.insert("dhcp_circuit".into(), pin["dhcp_circuit"].clone());
             }
             emit(json_out, &m, print_machine);
+        }
+        MachineCommand::Approve { machine, code } => {
+            let id = api.machine_id(&machine).await?;
+            api.send(
+                api.req(Method::POST, &format!("/machines/{id}/config/approve"))
+                    .json(&json!({ "code": code })),
+            )
+            .await?;
+            emit(
+                json_out,
+                &json!({ "approved": true, "machine": id }),
+                |_| {
+                    say(format!(
+                        "approved: {machine}'s config is served at its next fetch"
+                    ))
+                },
+            );
         }
         MachineCommand::Circuit {
             machine,

@@ -21,6 +21,9 @@ pub struct InstallAssets {
     pub extra_args: Vec<String>,
     /// Wipe the system disk on this boot (`talos.experimental.wipe=system`).
     pub wipe: bool,
+    /// The code an operator matches to approve this boot's config release (`delivery:
+    /// approve`), shown on the console.
+    pub approval_code: Option<String>,
 }
 
 /// The decision for one boot.
@@ -138,6 +141,14 @@ pub fn machine_script(plan: &BootPlan, arch: Arch, self_url: &str) -> String {
                 .unwrap_or("initramfs.xz")
                 .to_string();
             let _ = writeln!(s, "echo Plinth: installing Talos");
+            if let Some(code) = &a.approval_code {
+                let _ = writeln!(s, "echo Plinth: approval code {code}");
+                let _ = writeln!(
+                    s,
+                    "echo The config is released after an operator approves this code: plinth machine approve NAME {code}"
+                );
+                let _ = writeln!(s, "sleep 20");
+            }
             let _ = writeln!(s, ":retry");
             let _ = writeln!(
                 s,
@@ -232,6 +243,7 @@ mod tests {
             config_url: "http://p:8080/config/TOKEN?uuid=${uuid}".into(),
             extra_args: vec!["net.ifnames=0".into()],
             wipe: false,
+            approval_code: None,
         }
     }
 

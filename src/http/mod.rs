@@ -70,6 +70,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/machines/{id}/config", get(configs::status))
         .route(
+            "/machines/{id}/config/approve",
+            axum::routing::post(configs::approve),
+        )
+        .route(
             "/machines/{id}/dhcp-circuit",
             get(circuits::show)
                 .put(circuits::set)

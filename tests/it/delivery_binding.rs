@@ -1,5 +1,6 @@
 //! Config delivery bound to the machine (issue 15, item 1): a control-plane machine's config is
-//! never served without a recorded SMBIOS UUID.
+//! never served without a recorded SMBIOS UUID; with `delivery: approve` a config is released only
+//! after an operator approves the code the machine's boot script shows.
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
@@ -152,4 +153,128 @@ async fn a_control_plane_needs_a_recorded_uuid(b: Backend) {
     srv.finish().await;
 }
 
-both_backends!(a_control_plane_needs_a_recorded_uuid);
+/// The code an install script shows.
+fn code_of(script: &str) -> String {
+    let at = script
+        .find("approval code ")
+        .unwrap_or_else(|| panic!("no approval code in the script:\n{script}"))
+        + "approval code ".len();
+    script[at..]
+        .split_whitespace()
+        .next()
+        .expect("code")
+        .to_string()
+}
+
+/// `plinth` against `srv` with the operator's token.
+fn cli(srv: &TestServer, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(support::peers::BIN)
+        .env_remove("PLINTH_CONFIG")
+        .env("PLINTH_SERVER", &srv.base)
+        .env("PLINTH_TOKEN", &srv.operator)
+        .args(args)
+        .output()
+        .expect("plinth runs");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+/// `delivery: approve`: the install script shows a code; every fetch is refused (one answer, the
+/// reason "awaiting approval" in the events and the config status) until an operator approves
+/// that code; a wrong code is refused and is an anomaly; a new boot needs a new approval.
+async fn delivery_approve_releases_only_after_the_operator_approves(b: Backend) {
+    let (srv, id, _tmp) = provisioning_without_uuid(b, "worker", "delivery: approve\n").await;
+    let script = boot_script(&srv).await;
+    let code = code_of(&script);
+    assert_eq!(code.len(), 9, "{code}");
+    let token = token_of(&script);
+    assert_eq!(
+        fetch(&srv, &id, &token, UUID).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let refused = events(&srv, &id, "config.refused").await;
+    assert!(
+        refused.iter().any(|e| e["detail"]["reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("awaiting approval"))),
+        "{refused:?}"
+    );
+    let st: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/machines/{id}/config"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("status")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        st["hold"]
+            .as_str()
+            .is_some_and(|h| h.starts_with("awaiting approval")),
+        "{st}"
+    );
+    // A wrong code: refused naming `code`, an anomaly; the config stays held.
+    let (ok, out) = cli(&srv, &["machine", "approve", "node-1", "AAAA-AAAA"]);
+    assert!(!ok && out.contains("code"), "{out}");
+    assert_eq!(
+        events(&srv, &id, "config.approval_code_mismatch")
+            .await
+            .len(),
+        1
+    );
+    // A viewer cannot approve.
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/config/approve"),
+            &srv.viewer,
+        )
+        .json(&json!({ "code": code }))
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    // The operator types what the console shows (case and dash do not matter).
+    let typed = code.to_lowercase().replace('-', "");
+    let (ok, out) = cli(&srv, &["machine", "approve", "node-1", &typed]);
+    assert!(ok, "{out}");
+    assert_eq!(events(&srv, &id, "config.approved").await.len(), 1);
+    let (st, yaml) = fetch(&srv, &id, &token, UUID).await;
+    assert_eq!(st, StatusCode::OK, "{yaml}");
+    // The next install boot shows a new code and waits for its own approval.
+    let script = boot_script(&srv).await;
+    let second = code_of(&script);
+    let token = token_of(&script);
+    assert_eq!(
+        fetch(&srv, &id, &token, UUID).await.0,
+        StatusCode::NOT_FOUND
+    );
+    let r = srv
+        .req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/config/approve"),
+            &srv.operator,
+        )
+        .json(&json!({ "code": second }))
+        .send()
+        .await
+        .expect("approve");
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+    assert_eq!(fetch(&srv, &id, &token, UUID).await.0, StatusCode::OK);
+    srv.finish().await;
+}
+
+both_backends!(
+    a_control_plane_needs_a_recorded_uuid,
+    delivery_approve_releases_only_after_the_operator_approves
+);

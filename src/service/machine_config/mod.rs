@@ -35,7 +35,9 @@ pub use declared::{ClusterSecretInput, Sources, DEFAULT_FACTORY_HOST};
 pub use diff::{config_diff, redact};
 pub use render::{schema_file, RenderedMachine};
 pub use status::ConfigStatus;
-pub use window::{token_hash, InstallTicket, OpenError, Refusal, Ticket, TOKEN_TTL};
+pub use window::{
+    token_hash, InstallTicket, OpenError, Refusal, Ticket, AWAITING_APPROVAL, TOKEN_TTL,
+};
 
 use super::error::MachineConfigError;
 use super::ports::{ConfigStore, EventStore, LeaseStore};

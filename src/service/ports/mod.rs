@@ -26,8 +26,8 @@ use std::sync::Arc;
 
 pub use bmc::{BmcCapabilityStore, BmcConnector, CapabilityRecord};
 pub use configs::{
-    ClusterRecord, ClusterSpec, ConfigStore, ConfigWrite, GroupKind, GroupSpec, MachinePatches,
-    PatchSource, ProfileSpec, ProvisionWindow, RolePatches, ServedConfig,
+    Approval, ClusterRecord, ClusterSpec, ConfigStore, ConfigWrite, GroupKind, GroupSpec,
+    MachinePatches, PatchSource, ProfileSpec, ProvisionWindow, RolePatches, ServedConfig,
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};

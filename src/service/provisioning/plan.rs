@@ -172,6 +172,7 @@ impl ProvisioningService {
             ),
             extra_args: ticket.kernel_args,
             wipe: ticket.wipe,
+            approval_code: ticket.approval_code,
         }))
     }
 

@@ -14,11 +14,11 @@ use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
 };
 use plinth::service::ports::{
-    BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord, ConfigStore,
-    ConfigWrite, Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim, LeaseState,
-    LeaseStore, MachineFilter, MachinePage, MachinePatches, MachineRecord, MachineStore, NewEvent,
-    NewToken, ProfileSpec, ProvisionWindow, Reinstall, ReinstallStore, Reservation, ServedConfig,
-    Stage, StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
+    Approval, BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord,
+    ConfigStore, ConfigWrite, Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim,
+    LeaseState, LeaseStore, MachineFilter, MachinePage, MachinePatches, MachineRecord,
+    MachineStore, NewEvent, NewToken, ProfileSpec, ProvisionWindow, Reinstall, ReinstallStore,
+    Reservation, ServedConfig, Stage, StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
 };
 use uuid::Uuid;
 
@@ -418,6 +418,31 @@ impl ConfigStore for BrokenStore {
     ) -> Result<bool, StoreError> {
         let s = self.port(Port::Configs)?;
         s.configs.close_window(id, now, reason, event).await
+    }
+    async fn approval(&self, id: MachineId) -> Result<Option<Approval>, StoreError> {
+        self.port(Port::Configs)?.configs.approval(id).await
+    }
+    async fn set_approval_code(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Configs)?
+            .configs
+            .set_approval_code(id, code_sha256)
+            .await
+    }
+    async fn approve(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+        now: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Configs)?
+            .configs
+            .approve(id, code_sha256, now, event)
+            .await
     }
 }
 
