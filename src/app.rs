@@ -366,6 +366,74 @@ fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
     Ok(out)
 }
 
+/// Raise this process's soft `RLIMIT_NOFILE` to its hard limit (capped at [`MAX_NOFILE`]), and
+/// return the soft limit in force. Hundreds of machines booting at once each hold a connection or
+/// a transfer; the usual soft limit of 1,024 is reached long before the hard one.
+pub fn raise_nofile() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) => {
+            let want = hard.min(MAX_NOFILE);
+            if soft < want {
+                match setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
+                    Ok(()) => return want,
+                    Err(e) => {
+                        tracing::warn!(error = %e, soft, hard, "cannot raise the descriptor limit")
+                    }
+                }
+            }
+            soft
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the descriptor limit; assuming 1024");
+            1024
+        }
+    }
+}
+
+/// The highest descriptor limit asked for (the kernel's usual `nr_open`).
+pub const MAX_NOFILE: u64 = 1 << 20;
+
+/// Descriptors kept out of every front door's reach: the database pool (three per SQLite
+/// connection: the file, its WAL and its shared memory; one per PostgreSQL connection), and this
+/// many more for listening sockets, DHCP sockets, the log, BMC and Talos API clients and files the
+/// service opens.
+pub const RESERVED_DESCRIPTORS: u64 = 128;
+
+/// How many connections or transfers each front door may hold, so that together they never
+/// take the descriptors the database and the rest of the server need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DescriptorBudget {
+    /// Connections on the main port.
+    pub http: usize,
+    /// Connections on the image door.
+    pub images: usize,
+    /// TFTP transfers.
+    pub tftp: usize,
+}
+
+impl DescriptorBudget {
+    /// Split `nofile` descriptors: first the reserve (the database's `db_connections`, `sqlite`
+    /// or not, and [`RESERVED_DESCRIPTORS`]), then two fifths each to the main port and the image
+    /// door and one fifth to TFTP, counting two descriptors per connection or transfer (its
+    /// socket and the file it serves); each door is also capped by `max` (its own setting).
+    pub fn split(nofile: u64, db_connections: u32, sqlite: bool, max: DescriptorBudget) -> Self {
+        let per_db = if sqlite { 3 } else { 1 };
+        let reserve = RESERVED_DESCRIPTORS + u64::from(db_connections) * per_db;
+        let free = nofile.saturating_sub(reserve);
+        let share = |fifths: u64, cap: usize| {
+            usize::try_from(free * fifths / 5 / 2)
+                .unwrap_or(usize::MAX)
+                .clamp(1, cap.max(1))
+        };
+        DescriptorBudget {
+            http: share(2, max.http),
+            images: share(2, max.images),
+            tftp: share(1, max.tftp),
+        }
+    }
+}
+
 /// Run the front door `serve` makes on a Tokio runtime of its own (`workers` threads, driven from
 /// an OS thread of its own), and return its result as a future for the main runtime's task set. DHCP and TFTP run so: they answer small packets on the firmware's
 /// retransmission timers (DHCP 4 s, TFTP a few seconds a block), and on the main runtime a boot
@@ -419,6 +487,27 @@ pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
 /// ports (a store that fails).
 pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Result<Running> {
     let secrets = secret_box(config)?;
+    let nofile = raise_nofile();
+    let main_limits = http::serve::Limits::default();
+    let images_limits = http::images_listener::Limits::default();
+    let tftp_defaults = crate::tftp::TftpOptions::default();
+    let budget = DescriptorBudget::split(
+        nofile,
+        config.max_connections,
+        config.database_url.starts_with("sqlite:"),
+        DescriptorBudget {
+            http: main_limits.max_connections,
+            images: images_limits.max_connections,
+            tftp: tftp_defaults.max_transfers,
+        },
+    );
+    tracing::info!(
+        descriptors = nofile,
+        http_connections = budget.http,
+        image_connections = budget.images,
+        tftp_transfers = budget.tftp,
+        "descriptor budget"
+    );
     let dhcp_sockets = match &config.dhcp {
         Some(d) => bind_dhcp(d)?,
         None => Vec::new(),
@@ -548,6 +637,8 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         let opts = crate::tftp::TftpOptions {
             max_block_size: t.max_block_size,
             max_window_size: t.max_window_size,
+            max_transfers: budget.tftp,
+            max_per_client: tftp_defaults.max_per_client.min(budget.tftp),
         };
         let (service, m, stop) = (provisioning.clone(), metrics.clone(), shutdown.clone());
         let done = on_own_runtime("plinth-tftp", 2, move || {
@@ -605,23 +696,29 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     };
     if let Some(l) = images_listener {
         let (st, stop) = (state.clone(), shutdown.clone());
-        let limits = http::images_listener::Limits::default();
+        let limits = http::images_listener::Limits {
+            max_connections: budget.images,
+            max_per_client: images_limits.max_per_client.min(budget.images),
+            ..images_limits
+        };
         tasks.spawn(async move {
             http::images_listener::serve(l, st, limits, stop)
                 .await
                 .context("image door")
         });
     }
+    let http_metrics = state.metrics.clone();
     let router = http::router(state);
     let stop = shutdown.clone();
+    let limits = http::serve::Limits {
+        max_connections: budget.http,
+        max_per_client: main_limits.max_per_client.min(budget.http),
+        ..main_limits
+    };
     tasks.spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .with_graceful_shutdown(async move { stop.cancelled().await })
-        .await
-        .context("HTTP server")
+        http::serve::serve(listener, router, limits, http_metrics, stop)
+            .await
+            .context("HTTP server")
     });
     Ok(Running {
         http_addr,
@@ -632,4 +729,27 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         shutdown,
         tasks,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: DescriptorBudget = DescriptorBudget {
+        http: 1024,
+        images: 1024,
+        tftp: 256,
+    };
+
+    #[test]
+    fn the_budget_keeps_the_reserve_out_of_the_front_doors_reach() {
+        for (nofile, db, sqlite) in [(256u64, 8u32, true), (1024, 8, true), (1024, 64, false)] {
+            let b = DescriptorBudget::split(nofile, db, sqlite, MAX);
+            let used = 2 * (b.http + b.images + b.tftp) as u64;
+            let reserve = RESERVED_DESCRIPTORS + u64::from(db) * if sqlite { 3 } else { 1 };
+            assert!(used + reserve <= nofile, "{nofile}: {b:?}");
+            assert!(b.http >= 1 && b.images >= 1 && b.tftp >= 1);
+        }
+        assert_eq!(DescriptorBudget::split(1 << 20, 8, true, MAX), MAX);
+    }
 }

@@ -184,8 +184,8 @@ pub struct RawWorkflows {
 pub struct RawTalos {
     /// Directory of Talos JSON schemas, `config.schema.v<major>.<minor>.<patch>.json` (the file
     /// `pkg/machinery/config/schemas/config.schema.json` of each Talos release). Every rendered
-    /// config is checked against the schema of its target version; without this, only Talos'
-    /// own rules are checked.
+    /// config is checked against the schema of its target version; the schemas of the supported
+    /// releases ship in the binary, and a file here only adds a release or overrides one.
     pub schema_dir: Option<PathBuf>,
 }
 

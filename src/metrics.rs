@@ -10,15 +10,41 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
-/// Labels of an HTTP request.
+/// Labels of an HTTP request. Every value comes from a closed set, whatever a client sends: a
+/// method outside RFC 9110's registry is `other`, a path that matched no route is `other`, so an
+/// anonymous client cannot grow the metric families (or a scrape of `/metrics`) without bound.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    /// Method.
-    pub method: String,
-    /// Route template (never the raw path: ids would explode cardinality).
+    /// Method: one of [`METHODS`] or `other`.
+    pub method: &'static str,
+    /// Route template (never the raw path: ids would explode cardinality), or `other`.
     pub route: String,
     /// Status code.
     pub status: u16,
+}
+
+/// The methods counted by name (RFC 9110 section 9 and PATCH, RFC 5789); any other is `other`.
+pub const METHODS: [&str; 9] = [
+    "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE",
+];
+
+/// The label of a route no route template matched.
+pub const OTHER: &str = "other";
+
+impl RequestLabels {
+    /// Labels of a request: `method` as sent (any bytes), `route` a route template the server
+    /// names (never a raw path) or `None` when nothing matched, and the answer's `status`.
+    pub fn new(method: &str, route: Option<&str>, status: u16) -> Self {
+        RequestLabels {
+            method: METHODS
+                .iter()
+                .find(|m| **m == method)
+                .copied()
+                .unwrap_or(OTHER),
+            route: route.unwrap_or(OTHER).to_string(),
+            status,
+        }
+    }
 }
 
 /// The registry and the HTTP metrics.
@@ -76,5 +102,22 @@ impl Metrics {
             let _ = prometheus_client::encoding::text::encode(&mut out, &r);
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_come_from_a_closed_set() {
+        assert_eq!(
+            RequestLabels::new("GET", Some("/healthz"), 200).method,
+            "GET"
+        );
+        assert_eq!(RequestLabels::new("PATCH", None, 404).route, OTHER);
+        for odd in ["get", "FOO", "X-\u{1}", "", "GETGETGETGETGET"] {
+            assert_eq!(RequestLabels::new(odd, None, 405).method, OTHER, "{odd:?}");
+        }
     }
 }

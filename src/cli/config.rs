@@ -49,9 +49,10 @@ pub enum ConfigCommand {
         /// Target Talos version, e.g. v1.11.6.
         #[arg(long)]
         version: String,
-        /// The JSON schema of that version (config.schema.json from the Talos release).
+        /// The JSON schema of that version (config.schema.json from the Talos release); by
+        /// default the schema of that release embedded in Plinth.
         #[arg(long)]
-        schema: PathBuf,
+        schema: Option<PathBuf>,
     },
     /// Generate the base machine config of a role from a secrets bundle, natively, in the shape
     /// `talosctl gen config` writes for that Talos release, and print it. Control-plane configs
@@ -165,7 +166,11 @@ pub async fn run(settings: Option<&Settings>, args: ConfigArgs) -> anyhow::Resul
             let version: TalosVersion = version
                 .parse()
                 .map_err(|e| anyhow::anyhow!("--version: {e}"))?;
-            match validate::validate_with_schema_file(&cfg, &schema, version) {
+            let result = match &schema {
+                Some(schema) => validate::validate_with_schema_file(&cfg, schema, version),
+                None => validate::validate_embedded(&cfg, version),
+            };
+            match result {
                 Ok(warnings) if json_out => {
                     say(json!({
                         "file": file, "version": version.to_string(), "valid": true,

@@ -27,7 +27,8 @@ pub(crate) fn print(json_out: bool, e: &Value) {
 }
 
 /// Print events from the live stream (server-sent events); with `until_done`, stop after a
-/// reinstall ends (`reinstall.done` or `reinstall.failed`), failing on the latter.
+/// reinstall ends (`reinstall.done`, `reinstall.failed` or `reinstall.cancelled`), failing on the
+/// last two.
 pub(crate) async fn follow(
     api: &ApiClient,
     machine: Option<&str>,
@@ -68,12 +69,29 @@ pub(crate) async fn open_stream(
     Ok(resp)
 }
 
-/// Print the events of an open stream (see `follow`).
+/// Why a machine waits, from a boot plan event that holds (`boot.script` with plan `hold`, or an
+/// unknown machine's `boot.discovered`): its reason.
+pub(crate) fn hold_reason(e: &Value) -> Option<String> {
+    let kind = e["kind"].as_str()?;
+    if !kind.starts_with("boot.") {
+        return None;
+    }
+    let plan = e["detail"]["plan"].as_str()?;
+    if plan != "hold" && plan != "discovery" {
+        return None;
+    }
+    e["detail"]["reason"].as_str().map(str::to_string)
+}
+
+/// Print the events of an open stream (see `follow`). With `until_done` (a reinstall), a boot
+/// that holds is shown as `waiting: REASON` once per new reason rather than at every poll, and
+/// the stream ends with the reinstall: done, failed or cancelled (the last two fail).
 pub(crate) async fn print_stream(
     mut resp: reqwest::Response,
     until_done: bool,
 ) -> anyhow::Result<()> {
     let mut buf = String::new();
+    let mut last_hold: Option<String> = None;
     while let Some(chunk) = resp.chunk().await.context("event stream")? {
         buf.push_str(&String::from_utf8_lossy(&chunk));
         while let Some(end) = buf.find("\n\n") {
@@ -86,15 +104,31 @@ pub(crate) async fn print_stream(
             let Ok(e) = serde_json::from_str::<Value>(&data) else {
                 continue;
             };
-            print(false, &e);
-            if until_done {
-                match e["kind"].as_str() {
-                    Some("reinstall.done") => return Ok(()),
-                    Some("reinstall.failed") => {
-                        bail!("reinstall failed: {}", s(&e["detail"]["error"]))
-                    }
-                    _ => {}
+            if !until_done {
+                print(false, &e);
+                continue;
+            }
+            if let Some(reason) = hold_reason(&e) {
+                if last_hold.as_deref() != Some(reason.as_str()) {
+                    say(format!("{} waiting: {reason}", s(&e["at"])));
+                    last_hold = Some(reason);
                 }
+                continue;
+            }
+            print(false, &e);
+            match e["kind"].as_str() {
+                Some("reinstall.done") => return Ok(()),
+                Some("reinstall.failed") => {
+                    bail!("reinstall failed: {}", s(&e["detail"]["error"]))
+                }
+                Some("reinstall.cancelled") => {
+                    bail!(
+                        "reinstall cancelled by {} at stage {}",
+                        s(&e["detail"]["cancelled_by"]),
+                        s(&e["detail"]["stage"])
+                    )
+                }
+                _ => {}
             }
         }
     }

@@ -110,9 +110,14 @@ pub enum MachineCommand {
         /// Wipe the system disk on the install boot.
         #[arg(long)]
         wipe: bool,
-        /// Follow the reinstall's events until it ends.
+        /// Follow the reinstall's events until it ends, with why the machine waits whenever it
+        /// holds.
         #[arg(long)]
         follow: bool,
+        /// Cancel the running reinstall instead, at whatever stage it is: the machine goes to
+        /// maintenance, its window closes and its slots are freed.
+        #[arg(long, conflicts_with_all = ["wipe", "follow"])]
+        cancel: bool,
     },
     /// The events of one machine, or of every machine when none is named; `--follow` keeps
     /// printing new ones live.
@@ -180,10 +185,13 @@ pub enum MachineCommand {
         /// The machine.
         machine: String,
     },
-    /// Remove a machine.
+    /// Remove a machine. Refused while a reinstall of it runs, unless `--force`.
     Rm {
         /// The machine.
         machine: String,
+        /// Remove it even while a reinstall runs (the reinstall is cancelled first, recorded).
+        #[arg(long)]
+        force: bool,
     },
     /// Import a CSV or JSON file as one transaction.
     Import {
@@ -785,11 +793,31 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             machine,
             wipe,
             follow,
+            cancel,
         } => {
             let (_, m) = api.get_machine(&machine).await?;
             let id = s(&m["id"]);
+            if cancel {
+                let (_, c) = api
+                    .send(api.req(Method::POST, &format!("/machines/{id}/reinstall/cancel")))
+                    .await?;
+                if json_out {
+                    say(&c);
+                } else {
+                    let at = match c["stage"].as_str() {
+                        Some(st) => format!("reinstall cancelled at stage {st}"),
+                        None => "provisioning cancelled".into(),
+                    };
+                    say(format!(
+                        "{machine}: {at}; the machine is {} and its provisioning window is closed",
+                        s(&c["state"])
+                    ));
+                }
+                return Ok(());
+            }
+            // The whole feed of the machine: the reinstall's stages and, when it holds, why.
             let stream = if follow {
-                Some(events::open_stream(&api, Some(&id), Some("reinstall.")).await?)
+                Some(events::open_stream(&api, Some(&id), None).await?)
             } else {
                 None
             };
@@ -884,11 +912,12 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 }
             }
         }
-        MachineCommand::Rm { machine } => {
+        MachineCommand::Rm { machine, force } => {
             let (version, m) = api.get_machine(&machine).await?;
             let id = s(&m["id"]);
+            let query = if force { "?force=true" } else { "" };
             api.send(
-                api.req(Method::DELETE, &format!("/machines/{id}"))
+                api.req(Method::DELETE, &format!("/machines/{id}{query}"))
                     .header(reqwest::header::IF_MATCH, format!("\"{version}\"")),
             )
             .await?;

@@ -412,6 +412,8 @@ mod tests {
             profile: None,
             state: LifecycleState::Registered,
             state_reason: None,
+            state_by: None,
+            manual_hold: false,
             interfaces: Vec::new(),
             disks: Vec::new(),
             bmc: None,

@@ -1,7 +1,8 @@
 //! The machine lifecycle: which state changes are allowed. `discovered` (booted, unknown) ->
 //! `registered` (accepted) -> `inspecting` -> `ready` -> `provisioning` -> `installed`, plus `failed`
-//! (with a reason) and `maintenance` (Plinth keeps its hands off). Asking for the state a machine is
-//! already in is allowed and changes nothing (idempotent).
+//! (with a reason) and `maintenance` (Plinth keeps its hands off). A provisioning machine may be
+//! put in `maintenance`: that is how a reinstall or an open provisioning window is cancelled.
+//! Asking for the state a machine is already in is allowed and changes nothing (idempotent).
 
 use super::LifecycleState::{self, *};
 
@@ -16,7 +17,8 @@ pub fn allowed(from: LifecycleState, to: LifecycleState) -> bool {
             | (Registered, Inspecting | Ready | Maintenance)
             | (Inspecting, Ready | Registered | Failed)
             | (Ready, Inspecting | Provisioning | Registered | Maintenance)
-            | (Provisioning, Installed | Failed)
+            // Cancelling a reinstall (or closing a window) leaves the machine to a person.
+            | (Provisioning, Installed | Failed | Maintenance)
             // Reinstalling an installed machine is an explicit step, never an accident of booting.
             | (Installed, Provisioning | Failed | Maintenance)
             | (Failed, Registered | Ready | Provisioning | Maintenance)
@@ -44,7 +46,7 @@ mod tests {
             (Registered, &[Inspecting, Ready, Maintenance]),
             (Inspecting, &[Registered, Ready, Failed]),
             (Ready, &[Registered, Inspecting, Provisioning, Maintenance]),
-            (Provisioning, &[Installed, Failed]),
+            (Provisioning, &[Installed, Failed, Maintenance]),
             (Installed, &[Provisioning, Failed, Maintenance]),
             (Failed, &[Registered, Ready, Provisioning, Maintenance]),
             (Maintenance, &[Registered, Ready, Installed]),

@@ -380,6 +380,12 @@ pub struct Machine {
     pub state: LifecycleState,
     /// Why the machine is in its state (set for `failed`).
     pub state_reason: Option<String>,
+    /// Who set the current state (an event actor: `token:NAME`, or `plinth` for its own
+    /// workflows); absent for states set before Plinth recorded it.
+    pub state_by: Option<String>,
+    /// A person set the current state (marked it failed, cancelled its reinstall): the cluster's
+    /// automatic reinstall leaves the machine alone until its state changes again.
+    pub manual_hold: bool,
     /// Network interfaces.
     pub interfaces: Vec<Interface>,
     /// Disks.

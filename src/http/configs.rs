@@ -182,7 +182,10 @@ pub async fn approve(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Close the machine's provisioning window: its config is no longer served.
+/// Close the machine's provisioning window: its config is no longer served. A machine still
+/// `provisioning` is stopped as a cancel does (it goes to `maintenance`, freeing its control-plane
+/// and rack slots, and a running reinstall ends as `cancelled`), so it never stays provisioning
+/// with nothing to install it.
 #[utoipa::path(delete, path = "/api/v1/machines/{id}/provision", tag = "configs",
     params(("id" = String, Path, description = "inventory id or host name")),
     responses((status = 204, description = "closed"), (status = 404, body = ErrorEnvelope, description = "no open window")),
@@ -194,6 +197,10 @@ pub async fn close(
 ) -> Result<StatusCode, ApiError> {
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
+    if m.state == crate::domain::LifecycleState::Provisioning {
+        s.workflows.cancel(m.id, &caller.actor()).await?;
+        return Ok(StatusCode::NO_CONTENT);
+    }
     if s.configs
         .close_window(m.id, "closed by an operator", &caller.actor())
         .await

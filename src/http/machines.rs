@@ -124,22 +124,33 @@ pub async fn update(
     Ok(answer(StatusCode::OK, &body, &body.machine))
 }
 
-/// Remove a machine. Needs `If-Match`.
+/// Options of a removal.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveParams {
+    /// Remove a machine with a running reinstall: cancel it first (recorded), then remove.
+    #[serde(default)]
+    pub force: bool,
+}
+
+/// Remove a machine. Needs `If-Match`. A machine with a running reinstall is refused (409, naming
+/// how to cancel it) unless `force=true`.
 #[utoipa::path(delete, path = "/api/v1/machines/{id}", tag = "machines",
-    params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = String, Header, description = "the machine's ETag")),
-    responses((status = 204, description = "removed"), (status = 404, body = ErrorEnvelope), (status = 412, body = ErrorEnvelope), (status = 428, body = ErrorEnvelope)),
+    params(("id" = String, Path, description = "inventory id or host name"), ("If-Match" = String, Header, description = "the machine's ETag"), RemoveParams),
+    responses((status = 204, description = "removed"), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope, description = "a reinstall is running"), (status = 412, body = ErrorEnvelope), (status = 428, body = ErrorEnvelope)),
     security(("bearer" = [])))]
 pub async fn remove(
     State(s): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
+    QueryParams(p): QueryParams<RemoveParams>,
 ) -> Result<StatusCode, ApiError> {
     caller.require(ApiRole::Operator)?;
     let version = if_match(&headers)?;
     let current = s.inventory.resolve(&id).await?;
-    s.inventory
-        .delete(current.id, version, &caller.actor())
+    s.workflows
+        .remove(current.id, version, p.force, &caller.actor())
         .await?;
     tracing::info!(machine = %current.id, actor = %caller.actor(), "machine removed");
     s.bmc.forget(current.id);
@@ -155,6 +166,11 @@ pub struct StateChange {
     /// Why (required for `failed`).
     #[serde(default)]
     pub reason: Option<String>,
+    /// Let the cluster's reinstall policy act on this change (a monitor marking a machine failed
+    /// for it to be reinstalled). By default a state set through the API is a person's decision
+    /// and the automatic reinstall leaves the machine alone (`manual_hold`).
+    #[serde(default)]
+    pub auto_reinstall: bool,
 }
 
 /// Move a machine along its lifecycle (accept a discovered machine, mark one failed, put it in
@@ -177,12 +193,13 @@ pub async fn set_state(
     let current = s.inventory.resolve(&id).await?;
     let m = s
         .inventory
-        .set_state(
+        .set_state_held(
             current.id,
             version,
             change.state,
             change.reason,
             &caller.actor(),
+            !change.auto_reinstall,
         )
         .await?;
     tracing::info!(machine = %m.id, from = %current.state, to = %m.state, actor = %caller.actor(), "machine state");

@@ -13,29 +13,34 @@ use crate::metrics::RequestLabels;
 /// Middleware counting every request.
 pub async fn track(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let start = Instant::now();
-    let method = req.method().to_string();
+    // Labels from a closed set: the method's name only when it is a standard one, the route
+    // template only when one matched (never the path a client sent).
+    let method = req.method().clone();
     let route = req
         .extensions()
         .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+        .map(|p| p.as_str().to_string());
     let resp = next.run(req).await;
-    observe(&s.metrics, method, route, resp.status().as_u16(), start);
+    observe(
+        &s.metrics,
+        method.as_str(),
+        route.as_deref(),
+        resp.status().as_u16(),
+        start,
+    );
     resp
 }
 
-/// Count one answered request and its latency (the hyper routes and the image door alike).
+/// Count one answered request and its latency (the hyper routes and the image door alike):
+/// `method` as the client sent it, `route` the template that matched (`None`: none did).
 pub(crate) fn observe(
     metrics: &crate::metrics::Metrics,
-    method: String,
-    route: String,
+    method: &str,
+    route: Option<&str>,
     status: u16,
     start: Instant,
 ) {
-    let labels = RequestLabels {
-        method,
-        route,
-        status,
-    };
+    let labels = RequestLabels::new(method, route, status);
     metrics.requests.get_or_create(&labels).inc();
     metrics
         .latency

@@ -14,6 +14,8 @@ pub mod images_listener;
 mod machines;
 pub mod metrics;
 mod openapi;
+pub mod serve;
+mod slots;
 mod tokens;
 mod workflows;
 
@@ -87,6 +89,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/machines/{id}/reinstall",
             get(workflows::status).post(workflows::start),
+        )
+        .route(
+            "/machines/{id}/reinstall/cancel",
+            axum::routing::post(workflows::cancel),
         )
         .route(
             "/clusters/{name}/bootstrap",

@@ -1,4 +1,5 @@
-//! Reinstall over HTTP (`POST|GET /api/v1/machines/{id}/reinstall`) and the live event stream
+//! Reinstall over HTTP (`POST|GET /api/v1/machines/{id}/reinstall`, `POST
+//! /api/v1/machines/{id}/reinstall/cancel`) and the live event stream
 //! (`GET /api/v1/events/stream`, server-sent events) that a dashboard or a chat hook follows a
 //! rollout with: the live event feed (`service::events`) as SSE. It shows what every instance
 //! sharing the database did, resumes from `Last-Event-ID`, and ends when the server shuts down or
@@ -16,7 +17,7 @@ use serde::Deserialize;
 use super::error::{ApiError, ErrorEnvelope};
 use super::extract::{Caller, JsonBody, QueryParams};
 use super::AppState;
-use crate::service::workflow::Started;
+use crate::service::workflow::{Cancelled, Started};
 use crate::service::Reinstall;
 use crate::service::{ApiRole, Follow};
 
@@ -48,6 +49,25 @@ pub async fn start(
     let m = s.inventory.resolve(&id).await?;
     let started = s.workflows.start(m.id, req.wipe, &caller.actor()).await?;
     Ok((axum::http::StatusCode::ACCEPTED, Json(started)))
+}
+
+/// Cancel the machine's reinstall at whatever stage it is: the machine goes to `maintenance`
+/// (its provisioning window closes, its control-plane and rack slots are freed, and the cluster's
+/// automatic reinstall leaves it alone), the workflow ends as `cancelled` and the
+/// `reinstall.cancelled` event names the caller's token. Also stops a provisioning machine whose
+/// window was opened without a workflow. 409 when there is nothing to cancel.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/reinstall/cancel", tag = "workflows",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = Cancelled), (status = 404, body = ErrorEnvelope), (status = 409, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn cancel(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Cancelled>, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let m = s.inventory.resolve(&id).await?;
+    Ok(Json(s.workflows.cancel(m.id, &caller.actor()).await?))
 }
 
 /// The machine's current or last reinstall.

@@ -35,7 +35,19 @@ pub use crate::domain::import::RowError;
 pub type ImportRow = ParsedRow;
 
 /// Fields of a machine that only Plinth writes.
-const READ_ONLY: &[&str] = &["id", "state", "state_reason", "created_at", "updated_at"];
+const READ_ONLY: &[&str] = &[
+    "id",
+    "state",
+    "state_reason",
+    "state_by",
+    "manual_hold",
+    "created_at",
+    "updated_at",
+];
+
+/// The actor of Plinth's own state changes (workflows, config checks). A state set by any other
+/// actor was set by a person (or a person's script) and holds off the automatic reinstall.
+pub const PLINTH_ACTOR: &str = "plinth";
 
 /// The inventory service.
 #[derive(Clone)]
@@ -509,7 +521,8 @@ impl Inventory {
     }
 
     /// Move a machine to another lifecycle state. Refused (`InvalidTransition`) when the lifecycle
-    /// does not allow it; the same state again is a no-op. `failed` needs a reason.
+    /// does not allow it; the same state again is a no-op. `failed` needs a reason. A state set by
+    /// anyone but Plinth itself ([`PLINTH_ACTOR`]) holds off the automatic reinstall.
     pub async fn set_state(
         &self,
         id: MachineId,
@@ -517,6 +530,23 @@ impl Inventory {
         to: LifecycleState,
         reason: Option<String>,
         actor: &str,
+    ) -> Result<Machine, ServiceError> {
+        let hold = actor != PLINTH_ACTOR;
+        self.set_state_held(id, expected_version, to, reason, actor, hold)
+            .await
+    }
+
+    /// [`Inventory::set_state`], saying whether the change holds off the automatic reinstall
+    /// (`manual_hold`): a monitor that marks a machine failed for the cluster's policy to
+    /// reinstall it says `false`.
+    pub async fn set_state_held(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        to: LifecycleState,
+        reason: Option<String>,
+        actor: &str,
+        manual_hold: bool,
     ) -> Result<Machine, ServiceError> {
         let current = self.get(id).await?;
         if let Some(v) = expected_version {
@@ -551,7 +581,7 @@ impl Inventory {
             machine_id: Some(id),
             kind: "machine.state".into(),
             actor: actor.into(),
-            detail: json!({"from": current.state, "to": to, "reason": reason}),
+            detail: json!({"from": current.state, "to": to, "reason": reason, "manual_hold": manual_hold}),
         };
         let m = self
             .machines
@@ -561,6 +591,7 @@ impl Inventory {
                 current.state,
                 to,
                 reason.as_deref(),
+                manual_hold,
                 &event,
             )
             .await

@@ -11,6 +11,11 @@
 //! machine with the stage named; a node that answers with a foreign certificate or another
 //! version fails it at once.
 //!
+//! A person can cancel a reinstall at any stage ([`Workflows::cancel`]): the machine goes to
+//! `maintenance` (its window closes, its control-plane and rack slots free up) and the workflow
+//! ends as `cancelled` with who did it. The scheduler never reinstalls a machine whose state a
+//! person set (`manual_hold`), and a machine with a running reinstall is removed only by force.
+//!
 //! The engine keeps nothing in memory: [`Workflows::tick`] reads the active rows and moves each
 //! on with a compare-and-set on its stage, so a restart or kill -9 resumes from the database and
 //! two instances on one PostgreSQL never act twice on one stage. The scheduler (also in `tick`)
@@ -32,6 +37,7 @@ use super::bmc::BmcService;
 use super::clusters::{Clusters, Verification};
 use super::error::ServiceError;
 use super::inventory::Inventory;
+use super::inventory::PLINTH_ACTOR;
 use super::machine_config::ConfigService;
 use super::ports::bmc::{BootTarget, PowerAction};
 use super::ports::{
@@ -83,7 +89,7 @@ impl WorkflowSettings {
             Stage::Netboot => self.netboot,
             Stage::Config => self.config,
             Stage::TalosApi => self.talos_api,
-            Stage::Done | Stage::Failed => Duration::zero(),
+            Stage::Done | Stage::Failed | Stage::Cancelled => Duration::zero(),
         }
     }
 }
@@ -99,6 +105,17 @@ pub struct Workflows {
     clusters: Clusters,
     settings: WorkflowSettings,
     measured: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, DateTime<Utc>>>>,
+}
+
+/// What a cancel did.
+#[derive(Clone, Debug, Serialize, utoipa::ToSchema)]
+pub struct Cancelled {
+    /// The machine's state now (`maintenance`).
+    pub state: LifecycleState,
+    /// The stage the reinstall was cancelled at (none: only a provisioning window was open).
+    pub stage: Option<Stage>,
+    /// The reinstall as it ended.
+    pub reinstall: Option<Reinstall>,
 }
 
 /// What a started reinstall tells the caller.
@@ -322,6 +339,7 @@ impl Workflows {
             started_at: now,
             finished_at: None,
             error: None,
+            cancelled_by: None,
         };
         let ev = event(
             id,
@@ -345,6 +363,130 @@ impl Workflows {
         };
         tracing::info!(machine = %id, actor, automatic, attempt, "reinstall started");
         Ok(Started { reinstall: r, next })
+    }
+
+    /// Cancel the reinstall of machine `id` at whatever stage it is, as `actor`: the machine is
+    /// put in `maintenance` (which closes its provisioning window and frees its control-plane and
+    /// rack slots; a person set that state, so the automatic reinstall leaves it alone), then the
+    /// workflow ends as `cancelled` with who cancelled it. A provisioning machine without a running
+    /// workflow (a window opened by `provision`) is stopped the same way. `Busy` when there is
+    /// nothing to cancel.
+    pub async fn cancel(&self, id: MachineId, actor: &str) -> Result<Cancelled, ServiceError> {
+        let m = self.inventory.get(id).await?;
+        let running = self
+            .reinstalls
+            .reinstall(id)
+            .await?
+            .filter(|r| r.stage.is_active());
+        if running.is_none() && m.state != LifecycleState::Provisioning {
+            return Err(ServiceError::Busy(format!(
+                "nothing to cancel: {} has no running reinstall and is {}",
+                m.display_name(),
+                m.state
+            )));
+        }
+        // The machine first: a crash before the workflow's write leaves a machine in maintenance
+        // whose workflow the next tick ends as cancelled (see `step`).
+        let stage = running.as_ref().map(|r| r.stage);
+        if m.state != LifecycleState::Maintenance
+            && crate::domain::lifecycle::allowed(m.state, LifecycleState::Maintenance)
+        {
+            let reason = match stage {
+                Some(st) => format!("reinstall cancelled by {actor} at stage {}", st.as_str()),
+                None => format!("provisioning cancelled by {actor}"),
+            };
+            self.inventory
+                .set_state_held(
+                    id,
+                    None,
+                    LifecycleState::Maintenance,
+                    Some(reason),
+                    actor,
+                    true,
+                )
+                .await?;
+        }
+        let mut reinstall = None;
+        if running.is_some() {
+            // The tick may move the stage between our read and our write: read again and retry.
+            for _ in 0..5 {
+                let Some(r) = self.reinstalls.reinstall(id).await? else {
+                    break;
+                };
+                if !r.stage.is_active() {
+                    reinstall = Some(r);
+                    break;
+                }
+                if let Some(done) = self.finish_cancelled(&r, actor).await? {
+                    reinstall = Some(done);
+                    break;
+                }
+            }
+        }
+        let m = self.inventory.get(id).await?;
+        tracing::info!(machine = %id, actor, stage = stage.map(Stage::as_str), "reinstall cancelled");
+        Ok(Cancelled {
+            state: m.state,
+            stage,
+            reinstall,
+        })
+    }
+
+    /// End `r` as cancelled by `by`; `None` when it moved on meanwhile.
+    async fn finish_cancelled(
+        &self,
+        r: &Reinstall,
+        by: &str,
+    ) -> Result<Option<Reinstall>, ServiceError> {
+        let mut next = r.clone();
+        next.cancelled_by = Some(by.to_string());
+        next.error = Some(format!("cancelled by {by} at stage {}", r.stage.as_str()));
+        self.advance_as(
+            &next,
+            Stage::Cancelled,
+            serde_json::json!({"stage": r.stage.as_str(), "cancelled_by": by}),
+            by,
+        )
+        .await
+    }
+
+    /// Remove machine `id` (at `expected_version`). A machine with a running reinstall is refused
+    /// (`Busy`, naming how to cancel it) unless `force`, which cancels the reinstall first (an
+    /// event says who) and then removes it.
+    pub async fn remove(
+        &self,
+        id: MachineId,
+        expected_version: Option<i64>,
+        force: bool,
+        actor: &str,
+    ) -> Result<(), ServiceError> {
+        let m = self.inventory.get(id).await?;
+        let running = self
+            .reinstalls
+            .reinstall(id)
+            .await?
+            .filter(|r| r.stage.is_active());
+        let Some(r) = running else {
+            return self.inventory.delete(id, expected_version, actor).await;
+        };
+        let name = m.display_name();
+        if !force {
+            return Err(ServiceError::Busy(format!(
+                "a reinstall of {name} is running (stage {}): cancel it first (plinth machine reinstall {name} --cancel), or remove the machine anyway with --force (?force=true)",
+                r.stage.as_str()
+            )));
+        }
+        let expected = expected_version.ok_or(ServiceError::PreconditionRequired)?;
+        if expected != m.version {
+            return Err(ServiceError::PreconditionFailed {
+                expected,
+                current: m.version,
+            });
+        }
+        self.cancel(id, actor).await?;
+        // The cancel moved the machine to maintenance (a new version): remove that one.
+        let now = self.inventory.get(id).await?;
+        self.inventory.delete(id, Some(now.version), actor).await
     }
 
     /// A machine's current or last reinstall.
@@ -403,6 +545,17 @@ impl Workflows {
         to: Stage,
         detail: serde_json::Value,
     ) -> Result<Option<Reinstall>, ServiceError> {
+        self.advance_as(r, to, detail, PLINTH_ACTOR).await
+    }
+
+    /// Move `r` on to `to` (compare-and-set on its stage) with its event, written as `actor`.
+    async fn advance_as(
+        &self,
+        r: &Reinstall,
+        to: Stage,
+        detail: serde_json::Value,
+        actor: &str,
+    ) -> Result<Option<Reinstall>, ServiceError> {
         let now = Utc::now();
         let mut next = r.clone();
         next.stage = to;
@@ -414,7 +567,7 @@ impl Workflows {
         let ev = event(
             r.machine_id,
             &format!("reinstall.{}", to.as_str()),
-            "plinth",
+            actor,
             detail,
         );
         Ok(self
@@ -480,6 +633,13 @@ impl Workflows {
             Err(ServiceError::NotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         };
+        // Someone put the machine in maintenance (a cancel that stopped between its two writes,
+        // or a person by hand): the workflow ends as cancelled, by whoever did it.
+        if m.state == LifecycleState::Maintenance {
+            let by = m.state_by.clone().unwrap_or_else(|| "unknown".into());
+            self.finish_cancelled(&r, &by).await?;
+            return Ok(());
+        }
         // Someone moved the machine out of provisioning by hand: the workflow ends with it.
         if m.state != LifecycleState::Provisioning && r.stage != Stage::Power {
             if m.state == LifecycleState::Installed {
@@ -637,7 +797,7 @@ impl Workflows {
                     self.missed(&r).await?;
                 }
             }
-            Stage::Done | Stage::Failed => {}
+            Stage::Done | Stage::Failed | Stage::Cancelled => {}
         }
         Ok(())
     }
@@ -684,6 +844,11 @@ impl Workflows {
                 continue;
             };
             if !policy.auto {
+                continue;
+            }
+            // A person marked it failed (or cancelled its reinstall): theirs to decide.
+            if m.manual_hold {
+                tracing::debug!(machine = %m.id, by = ?m.state_by, "automatic reinstall skipped: a person set the machine's state");
                 continue;
             }
             let last = self.reinstalls.reinstall(m.id).await?;

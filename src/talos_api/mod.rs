@@ -137,9 +137,14 @@ fn from_status(node: &TalosNode, call: &'static str, s: &tonic::Status) -> Talos
         s.message().to_string()
     };
     // tonic reports a connection that broke under the call as Unavailable/Unknown with a
-    // transport source; the node itself never sets a source.
+    // transport source, or as Cancelled when the node closed it before answering (a node that
+    // refuses our client certificate does so after the TLS 1.3 handshake has completed on our
+    // side); the node itself never sets a source.
     if std::error::Error::source(s).is_some()
-        && matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+        && matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+        )
     {
         return error(
             node,

@@ -5,14 +5,18 @@
 //! it, and sends the file or a TFTP error packet. Every write request is refused.
 //!
 //! Each read is a tokio task with its own socket (the transfer identifier), connected to the
-//! client, waiting for ACKs with tokio's timers. Files up to [`SHARED_MAX`] bytes (iPXE binaries
+//! client, waiting for ACKs with tokio's timers. Transfers under way are capped in all and per
+//! client address: a read request past a cap is dropped before any socket or task exists (the
+//! client retransmits it), and a silent client is given up after a bounded retry budget
+//! (`transfer::RETRY_BUDGET`; a `timeout` option past `transfer::MAX_TIMEOUT` is not granted). Files up to [`SHARED_MAX`] bytes (iPXE binaries
 //! are about 1 MB) are read once and shared by every transfer until they change on disk; larger
-//! ones are read a window at a time. `wire` holds the packet formats, `transfer` one transfer.
+//! ones are read a window at a time. `wire` holds the packet formats, `transfer` one transfer (both
+//! public for the fuzz target `fuzz/fuzz_targets/tftp_packet.rs`).
 //!
 //! Imports the provisioning service; nothing from other front doors or the store.
 
-mod transfer;
-mod wire;
+pub mod transfer;
+pub mod wire;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -34,7 +38,7 @@ use crate::service::provisioning::{FileRefusal, ProvisioningService};
 /// Label: the outcome of a read request.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabel {
-    /// `served`, `not_found`, `denied`, `write_refused`.
+    /// `served`, `not_found`, `denied`, `unavailable`, `failed`, `write_refused`, `busy`.
     pub outcome: String,
 }
 
@@ -118,6 +122,64 @@ pub struct TftpOptions {
     pub max_block_size: u16,
     /// Largest window granted (RFC 7440).
     pub max_window_size: u16,
+    /// Transfers under way at once; read requests past it are dropped (the client retries).
+    pub max_transfers: usize,
+    /// Transfers under way at once to one client address.
+    pub max_per_client: usize,
+}
+
+impl Default for TftpOptions {
+    fn default() -> Self {
+        TftpOptions {
+            max_block_size: 1468,
+            max_window_size: 16,
+            max_transfers: 256,
+            max_per_client: 8,
+        }
+    }
+}
+
+/// The transfers under way, by client transfer identifier and by client address.
+#[derive(Default)]
+struct Active {
+    by_tid: HashSet<SocketAddr>,
+    by_ip: HashMap<IpAddr, usize>,
+}
+
+/// Why a read request does not start a transfer.
+#[derive(Debug, PartialEq, Eq)]
+enum Busy {
+    /// A retransmission of a request under way.
+    Retransmitted,
+    /// The transfers in all, or this client's, are at their cap.
+    Full,
+}
+
+impl Active {
+    /// Admit a request from `client` within `max` transfers in all and `per_client` per address.
+    fn admit(&mut self, client: SocketAddr, max: usize, per_client: usize) -> Result<(), Busy> {
+        if self.by_tid.contains(&client) {
+            return Err(Busy::Retransmitted);
+        }
+        let n = self.by_ip.get(&client.ip()).copied().unwrap_or(0);
+        if self.by_tid.len() >= max || n >= per_client {
+            return Err(Busy::Full);
+        }
+        self.by_tid.insert(client);
+        self.by_ip.insert(client.ip(), n + 1);
+        Ok(())
+    }
+
+    fn done(&mut self, client: SocketAddr) {
+        if self.by_tid.remove(&client) {
+            if let Some(n) = self.by_ip.get_mut(&client.ip()) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.by_ip.remove(&client.ip());
+                }
+            }
+        }
+    }
 }
 
 /// What every transfer shares.
@@ -126,8 +188,11 @@ struct Front {
     limits: transfer::Limits,
     requests: Family<OutcomeLabel, Counter>,
     provisioning: ProvisioningService,
-    /// Clients with a transfer under way: a retransmitted request does not start a second one.
-    busy: Mutex<HashSet<SocketAddr>>,
+    /// Transfers under way: a retransmitted request does not start a second one, and past the caps
+    /// a request starts none.
+    active: Mutex<Active>,
+    max_transfers: usize,
+    max_per_client: usize,
     local_ip: IpAddr,
 }
 
@@ -248,7 +313,9 @@ pub async fn serve(
         },
         requests,
         provisioning,
-        busy: Mutex::default(),
+        active: Mutex::default(),
+        max_transfers: opts.max_transfers.max(1),
+        max_per_client: opts.max_per_client.max(1),
         local_ip: socket.local_addr()?.ip(),
     });
     let mut buf = vec![0u8; 4096];
@@ -268,13 +335,20 @@ pub async fn serve(
         let Some(request) = wire::parse_request(&buf[..n]) else {
             continue;
         };
-        if !front
-            .busy
+        let admitted = front
+            .active
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(client)
-        {
-            continue; // a retransmitted request of a transfer under way
+            .admit(client, front.max_transfers, front.max_per_client);
+        match admitted {
+            Ok(()) => {}
+            Err(Busy::Retransmitted) => continue,
+            Err(Busy::Full) => {
+                // Dropped before any socket or task: the client retransmits later.
+                front.count("busy");
+                tracing::debug!(%client, "tftp: too many transfers under way; request dropped");
+                continue;
+            }
         }
         let (front, stop) = (front.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -283,10 +357,10 @@ pub async fn serve(
                 _ = front.clone().exchange(client, request) => {}
             }
             front
-                .busy
+                .active
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .remove(&client);
+                .done(client);
         });
     }
 }
@@ -294,6 +368,25 @@ pub async fn serve(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn transfers_are_capped_in_all_and_per_client() {
+        let mut a = Active::default();
+        let c = |ip: &str, port: u16| SocketAddr::new(ip.parse().expect("ip"), port);
+        assert_eq!(a.admit(c("10.0.0.1", 1), 3, 2), Ok(()));
+        assert_eq!(a.admit(c("10.0.0.1", 1), 3, 2), Err(Busy::Retransmitted));
+        assert_eq!(a.admit(c("10.0.0.1", 2), 3, 2), Ok(()));
+        assert_eq!(a.admit(c("10.0.0.1", 3), 3, 2), Err(Busy::Full));
+        assert_eq!(a.admit(c("10.0.0.2", 1), 3, 2), Ok(()));
+        assert_eq!(a.admit(c("10.0.0.3", 1), 3, 2), Err(Busy::Full));
+        a.done(c("10.0.0.1", 1));
+        a.done(c("10.0.0.1", 1));
+        assert_eq!(a.admit(c("10.0.0.3", 1), 3, 2), Ok(()));
+        for (ip, port) in [("10.0.0.1", 2), ("10.0.0.2", 1), ("10.0.0.3", 1)] {
+            a.done(c(ip, port));
+        }
+        assert!(a.by_tid.is_empty() && a.by_ip.is_empty());
+    }
 
     #[test]
     fn small_files_are_shared_until_they_change() {

@@ -17,8 +17,14 @@ use super::wire::{self, Options, Reply};
 const DEFAULT_BLKSIZE: u16 = 512;
 /// Retransmission timeout when the client does not negotiate one.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Times a window (or the OACK) is sent again before the transfer is abandoned.
+/// Times a window (or the OACK) is sent again before the transfer is abandoned, at most.
 pub const MAX_RETRIES: u32 = 10;
+/// Longest retransmission timeout granted (RFC 2349 allows a client to ask up to 255 s; a silent
+/// client would pin a transfer, its socket and its descriptor for 47 minutes).
+pub const MAX_TIMEOUT: u8 = 10;
+/// Time a transfer waits for a client that stopped answering, in all its retransmissions: the
+/// number of retries is this over the timeout (10 at the default 3 s, 3 at 10 s).
+pub const RETRY_BUDGET: Duration = Duration::from_secs(30);
 
 /// The bytes served.
 #[derive(Clone, Debug)]
@@ -103,6 +109,8 @@ pub struct Negotiated {
     pub windowsize: u16,
     /// Retransmission timeout.
     pub timeout: Duration,
+    /// Retransmissions of one window (or the OACK) before the transfer is abandoned.
+    pub retries: u32,
     /// The OACK to send first, when the client asked for options the server grants.
     pub oack: Option<Vec<u8>>,
 }
@@ -119,13 +127,18 @@ pub fn negotiate(asked: &Options, limits: Limits, size: u64) -> Negotiated {
         }
         None => DEFAULT_BLKSIZE,
     };
+    // RFC 2349: the server grants the timeout the client asked, or leaves the option out of the
+    // OACK (it cannot answer another value); one past `MAX_TIMEOUT` is left out.
     let timeout = match asked.timeout {
-        Some(t) => {
+        Some(t) if (1..=MAX_TIMEOUT).contains(&t) => {
             granted.push(("timeout", t.to_string()));
             Duration::from_secs(u64::from(t))
         }
-        None => DEFAULT_TIMEOUT,
+        _ => DEFAULT_TIMEOUT,
     };
+    let retries = u32::try_from(RETRY_BUDGET.as_secs() / timeout.as_secs().max(1))
+        .unwrap_or(MAX_RETRIES)
+        .clamp(1, MAX_RETRIES);
     if asked.tsize.is_some() {
         granted.push(("tsize", size.to_string()));
     }
@@ -141,6 +154,7 @@ pub fn negotiate(asked: &Options, limits: Limits, size: u64) -> Negotiated {
         blksize,
         windowsize,
         timeout,
+        retries,
         oack: (!granted.is_empty()).then(|| wire::oack(&granted)),
     }
 }
@@ -191,7 +205,7 @@ pub async fn send(
             match ack(socket, deadline).await? {
                 Some(0) => break,
                 Some(_) => continue,
-                None if tries < MAX_RETRIES => tries += 1,
+                None if tries < neg.retries => tries += 1,
                 None => return Err(TransferError::TimedOut(tries)),
             }
         }
@@ -222,7 +236,7 @@ pub async fn send(
             let deadline = Instant::now() + neg.timeout;
             loop {
                 let Some(acked) = ack(socket, deadline).await? else {
-                    if tries == MAX_RETRIES {
+                    if tries >= neg.retries {
                         return Err(TransferError::TimedOut(tries));
                     }
                     tries += 1;
@@ -259,6 +273,7 @@ mod tests {
                 blksize: 512,
                 windowsize: 1,
                 timeout: DEFAULT_TIMEOUT,
+                retries: MAX_RETRIES,
                 oack: None
             }
         );
@@ -274,10 +289,38 @@ mod tests {
         );
         assert_eq!((n.blksize, n.windowsize), (1468, 16));
         assert_eq!(n.timeout, Duration::from_secs(2));
+        assert_eq!(n.retries, MAX_RETRIES);
         assert_eq!(
             n.oack.as_deref(),
             Some(&b"\x00\x06blksize\x001468\x00timeout\x002\x00tsize\x001000\x00windowsize\x0016\x00"[..])
         );
+    }
+
+    #[test]
+    fn a_long_timeout_is_not_granted_and_retries_fit_the_budget() {
+        for asked in [0u8, 11, 60, 255] {
+            let n = negotiate(
+                &Options {
+                    timeout: Some(asked),
+                    ..Default::default()
+                },
+                LIMITS,
+                10,
+            );
+            assert_eq!(n.timeout, DEFAULT_TIMEOUT, "timeout={asked}");
+            assert_eq!(n.oack, None, "timeout={asked} is left out of the OACK");
+        }
+        let n = negotiate(
+            &Options {
+                timeout: Some(MAX_TIMEOUT),
+                ..Default::default()
+            },
+            LIMITS,
+            10,
+        );
+        assert_eq!(n.timeout, Duration::from_secs(u64::from(MAX_TIMEOUT)));
+        assert_eq!(n.retries, 3);
+        assert!(n.timeout * (n.retries + 1) <= RETRY_BUDGET + n.timeout);
     }
 
     /// A client on a real socket: acknowledges every `ack_every` blocks (and the last), drops the

@@ -4,7 +4,7 @@ use crate::support;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 fn machine(host: &str, mac: &str) -> Value {
     json!({"hostname": host, "interfaces": [{"mac": mac}]})
@@ -14,11 +14,10 @@ async fn create(s: &TestServer, body: &Value) -> Value {
     let r = s
         .req(Method::POST, "/api/v1/machines", &s.operator)
         .json(body)
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::CREATED, "{:?}", r.text().await);
-    r.json().await.expect("json")
+        .expect_status(StatusCode::CREATED);
+    r.json()
 }
 
 async fn crud_with_versions_and_events(b: Backend) {
@@ -33,13 +32,12 @@ async fn crud_with_versions_and_events(b: Backend) {
     let r = s
         .req(Method::POST, "/api/v1/machines", &s.operator)
         .json(&body)
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    assert_eq!(r.headers()["etag"], "\"1\"");
-    let loc = r.headers()["location"].to_str().expect("loc").to_string();
-    let m: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::CREATED);
+    assert_eq!(r.headers["etag"], "\"1\"");
+    let loc = r.headers["location"].to_str().expect("loc").to_string();
+    let m: Value = r.json();
     assert_eq!(m["hostname"], "node-1");
     assert_eq!(m["interfaces"][0]["mac"], "52:54:00:aa:00:01");
     assert_eq!(
@@ -61,28 +59,22 @@ async fn crud_with_versions_and_events(b: Backend) {
         format!("/api/v1/machines/{id}"),
         "/api/v1/machines/NODE-1".to_string(),
     ] {
-        let r = s
-            .req(Method::GET, &path, &s.viewer)
-            .send()
-            .await
-            .expect("get");
-        assert_eq!(r.status(), StatusCode::OK, "{path}");
-        assert_eq!(r.headers()["etag"], "\"1\"");
+        let r = s.req(Method::GET, &path, &s.viewer).answer().await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        assert_eq!(r.headers["etag"], "\"1\"");
     }
 
     // Edit without a version: 428. With a stale one: 412. With the right one: 200, version 2.
     let patch = json!({"rack": "r2", "bmc": {"username": "admin"}});
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .json(&patch)
-        .send()
-        .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::PRECONDITION_REQUIRED);
+    s.req(
+        Method::PATCH,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    )
+    .json(&patch)
+    .answer()
+    .await
+    .expect_status(StatusCode::PRECONDITION_REQUIRED);
     let r = s
         .req(
             Method::PATCH,
@@ -91,11 +83,10 @@ async fn crud_with_versions_and_events(b: Backend) {
         )
         .header("If-Match", "\"7\"")
         .json(&patch)
-        .send()
+        .answer()
         .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
-    let e: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::PRECONDITION_FAILED);
+    let e: Value = r.json();
     assert_eq!(e["error"]["current_version"], 1);
     let r = s
         .req(
@@ -105,12 +96,11 @@ async fn crud_with_versions_and_events(b: Backend) {
         )
         .header("If-Match", "\"1\"")
         .json(&patch)
-        .send()
+        .answer()
         .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.headers()["etag"], "\"2\"");
-    let m2: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::OK);
+    assert_eq!(r.headers["etag"], "\"2\"");
+    let m2: Value = r.json();
     assert_eq!(m2["rack"], "r2");
     assert_eq!(m2["bmc"]["username"], "admin");
     assert_eq!(
@@ -119,32 +109,28 @@ async fn crud_with_versions_and_events(b: Backend) {
     );
     assert_eq!(m2["interfaces"], m["interfaces"], "untouched fields stay");
     // The same stale edit again (a second tech with the old version) loses nothing.
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .header("If-Match", "\"1\"")
-        .json(&json!({"rack": "r9"}))
-        .send()
-        .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    s.req(
+        Method::PATCH,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    )
+    .header("If-Match", "\"1\"")
+    .json(&json!({"rack": "r9"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::PRECONDITION_FAILED);
     // Version in the body works too; read-only fields may come back unchanged but not changed.
     let mut doc = m2.clone();
     doc["rack_unit"] = json!(13);
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .json(&doc)
-        .send()
-        .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+    s.req(
+        Method::PATCH,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    )
+    .json(&doc)
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
     let r = s
         .req(
             Method::PATCH,
@@ -152,11 +138,10 @@ async fn crud_with_versions_and_events(b: Backend) {
             &s.operator,
         )
         .json(&json!({"version": 3, "state": "installed"}))
-        .send()
+        .answer()
         .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let e: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json();
     assert_eq!(e["error"]["fields"][0]["field"], "state");
 
     // Events: who, what, before/after; never the password.
@@ -166,12 +151,9 @@ async fn crud_with_versions_and_events(b: Backend) {
             &format!("/api/v1/events?machine={id}&kind=machine."),
             &s.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("events")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let ev = ev.as_array().expect("array");
     assert_eq!(ev.len(), 3);
     assert_eq!(ev[0]["kind"], "machine.created");
@@ -189,45 +171,36 @@ async fn crud_with_versions_and_events(b: Backend) {
         .contains("calvin-secret"));
 
     // Delete needs the version, then the machine is gone but its history stays.
-    let r = s
-        .req(
-            Method::DELETE,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .send()
+    s.req(
+        Method::DELETE,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    )
+    .answer()
+    .await
+    .expect_status(StatusCode::PRECONDITION_REQUIRED);
+    s.req(
+        Method::DELETE,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    )
+    .header("If-Match", "\"3\"")
+    .answer()
+    .await
+    .expect_status(StatusCode::NO_CONTENT);
+    s.req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
+        .answer()
         .await
-        .expect("del");
-    assert_eq!(r.status(), StatusCode::PRECONDITION_REQUIRED);
-    let r = s
-        .req(
-            Method::DELETE,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .header("If-Match", "\"3\"")
-        .send()
-        .await
-        .expect("del");
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
-    let r = s
-        .req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
-        .send()
-        .await
-        .expect("get");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        .expect_status(StatusCode::NOT_FOUND);
     let ev: Value = s
         .req(
             Method::GET,
             "/api/v1/events?kind=machine.deleted",
             &s.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("events")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(ev.as_array().expect("array").len(), 1);
     // The MAC is free again.
     create(&s, &machine("node-2", "52:54:00:aa:00:01")).await;
@@ -249,11 +222,10 @@ async fn conflicts_name_the_owner(b: Backend) {
         let r = s
             .req(Method::POST, "/api/v1/machines", &s.operator)
             .json(&body)
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(r.status(), StatusCode::CONFLICT, "{body}");
-        let e: Value = r.json().await.expect("json");
+            .answer()
+            .await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{body}");
+        let e: Value = r.json();
         let c = &e["error"]["conflicts"][0];
         assert_eq!(c["field"], field);
         assert_eq!(c["owner"]["name"], "a");
@@ -265,18 +237,16 @@ async fn conflicts_name_the_owner(b: Backend) {
     }
     // Editing another machine onto a taken MAC conflicts too.
     let b2 = create(&s, &machine("b", "52:54:00:00:00:0b")).await;
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{}", b2["id"].as_str().expect("id")),
-            &s.operator,
-        )
-        .header("If-Match", "1")
-        .json(&json!({"interfaces": [{"mac": "52:54:00:00:00:0a"}]}))
-        .send()
-        .await
-        .expect("patch");
-    assert_eq!(r.status(), StatusCode::CONFLICT);
+    s.req(
+        Method::PATCH,
+        &format!("/api/v1/machines/{}", b2["id"].as_str().expect("id")),
+        &s.operator,
+    )
+    .header("If-Match", "1")
+    .json(&json!({"interfaces": [{"mac": "52:54:00:00:00:0a"}]}))
+    .answer()
+    .await
+    .expect_status(StatusCode::CONFLICT);
     s.finish().await;
 }
 
@@ -286,11 +256,11 @@ async fn bad_input_names_the_field(b: Backend) {
         s.req(Method::POST, "/api/v1/machines", &s.operator)
             .header("content-type", "application/json")
             .body(body)
-            .send()
+            .answer()
     };
-    let r = post("{\"hostname\": \"x\",".into()).await.expect("send");
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
-    let e: Value = r.json().await.expect("json");
+    let r = post("{\"hostname\": \"x\",".into()).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    let e: Value = r.json();
     assert_eq!(e["error"]["code"], "malformed_json");
     for (body, field) in [
         (json!({"hostname": "x", "rack_unit": "twelve"}), "rack_unit"),
@@ -305,9 +275,9 @@ async fn bad_input_names_the_field(b: Backend) {
             "disks[0].type",
         ),
     ] {
-        let r = post(body.to_string()).await.expect("send");
-        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{body}");
-        let e: Value = r.json().await.expect("json");
+        let r = post(body.to_string()).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}");
+        let e: Value = r.json();
         assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
     }
     for (body, field) in [
@@ -322,132 +292,104 @@ async fn bad_input_names_the_field(b: Backend) {
             "interfaces[0].ipv4",
         ),
     ] {
-        let r = post(body.to_string()).await.expect("send");
-        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{body}");
-        let e: Value = r.json().await.expect("json");
+        let r = post(body.to_string()).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let e: Value = r.json();
         assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
     }
-    let r = s
-        .req(Method::POST, "/api/v1/machines", &s.operator)
+    s.req(Method::POST, "/api/v1/machines", &s.operator)
         .header("content-type", "text/plain")
         .body("{}")
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        .expect_status(StatusCode::UNSUPPORTED_MEDIA_TYPE);
     let big = json!({"hostname": "x", "model": "m".repeat(10_000)}).to_string();
-    let r = post(big).await.expect("send");
-    assert_eq!(r.status(), StatusCode::PAYLOAD_TOO_LARGE);
-    let r = s
-        .req(Method::GET, "/api/v1/machines?limit=5000", &s.viewer)
-        .send()
+    let r = post(big).await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE);
+    s.req(Method::GET, "/api/v1/machines?limit=5000", &s.viewer)
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        .expect_status(StatusCode::BAD_REQUEST);
     let r = s
         .req(Method::GET, "/api/v1/machines?state=asleep", &s.viewer)
-        .send()
-        .await
-        .expect("send");
-    let e: Value = r.json().await.expect("json");
+        .answer()
+        .await;
+    let e: Value = r.json();
     assert_eq!(e["error"]["fields"][0]["field"], "state");
-    let r = s
-        .req(Method::PATCH, "/api/v1/machines/nothere", &s.operator)
+    s.req(Method::PATCH, "/api/v1/machines/nothere", &s.operator)
         .header("If-Match", "1")
         .json(&json!({}))
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+        .expect_status(StatusCode::NOT_FOUND);
     // Nothing of the above was stored.
     let page: Value = s
         .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .send()
+        .answer()
         .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(page["total"], 0);
     s.finish().await;
 }
 
 async fn tokens_and_roles(b: Backend) {
     let s = TestServer::start(b).await;
-    let r = s
-        .client
+    s.client
         .get(s.url("/api/v1/machines"))
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = s
-        .req(Method::GET, "/api/v1/machines", "plinth_notatoken")
-        .send()
+        .expect_status(StatusCode::UNAUTHORIZED);
+    s.req(Method::GET, "/api/v1/machines", "plinth_notatoken")
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
-    let r = s
-        .req(Method::POST, "/api/v1/machines", &s.viewer)
+        .expect_status(StatusCode::UNAUTHORIZED);
+    s.req(Method::POST, "/api/v1/machines", &s.viewer)
         .json(&machine("v", "52:54:00:00:01:01"))
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let r = s
-        .req(Method::GET, "/api/v1/tokens", &s.operator)
-        .send()
+        .expect_status(StatusCode::FORBIDDEN);
+    s.req(Method::GET, "/api/v1/tokens", &s.operator)
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+        .expect_status(StatusCode::FORBIDDEN);
     let r = s
         .req(Method::POST, "/api/v1/tokens", &s.admin)
         .json(&json!({"name": "ci-bot", "role": "viewer"}))
-        .send()
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let minted: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::CREATED);
+    let minted: Value = r.json();
     let secret = minted["token"].as_str().expect("token").to_string();
-    let r = s
-        .req(Method::GET, "/api/v1/machines", &secret)
-        .send()
+    s.req(Method::GET, "/api/v1/machines", &secret)
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::OK);
+        .expect_status(StatusCode::OK);
     let list: Value = s
         .req(Method::GET, "/api/v1/tokens", &s.admin)
-        .send()
+        .answer()
         .await
-        .expect("send")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert!(
         !list.to_string().contains(&secret),
         "secrets are never listed"
     );
     assert_eq!(list.as_array().expect("arr").len(), 4);
     let id = minted["info"]["id"].as_str().expect("id");
-    let r = s
-        .req(Method::DELETE, &format!("/api/v1/tokens/{id}"), &s.admin)
-        .send()
+    s.req(Method::DELETE, &format!("/api/v1/tokens/{id}"), &s.admin)
+        .answer()
         .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+        .expect_status(StatusCode::NO_CONTENT);
     let r = s
         .req(Method::GET, "/api/v1/machines", &secret)
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "revoked");
+        .answer()
+        .await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "revoked");
     let r = s
         .req(Method::POST, "/api/v1/tokens", &s.admin)
         .json(&json!({"name": "x", "role": "root"}))
-        .send()
-        .await
-        .expect("send");
-    let e: Value = r.json().await.expect("json");
+        .answer()
+        .await;
+    let e: Value = r.json();
     assert_eq!(e["error"]["fields"][0]["field"], "role");
     s.finish().await;
 }
@@ -467,14 +409,12 @@ async fn list_filters_and_pages(b: Backend) {
             "interfaces": [{"mac": format!("52:54:00:10:00:{i:02x}")}],
         }));
     }
-    let r = s
-        .req(Method::POST, "/api/v1/machines/import", &s.operator)
+    s.req(Method::POST, "/api/v1/machines/import", &s.operator)
         .header("content-type", "application/json")
         .body(Value::Array(spec).to_string())
-        .send()
+        .answer()
         .await
-        .expect("import");
-    assert_eq!(r.status(), StatusCode::OK, "{:?}", r.text().await);
+        .expect_status(StatusCode::OK);
 
     let mut seen = Vec::new();
     let mut cursor = String::new();
@@ -485,12 +425,9 @@ async fn list_filters_and_pages(b: Backend) {
                 &format!("/api/v1/machines?limit=10&cursor={cursor}"),
                 &s.viewer,
             )
-            .send()
+            .answer()
             .await
-            .expect("list")
-            .json()
-            .await
-            .expect("json");
+            .json();
         assert_eq!(page["total"], 25);
         for m in page["items"].as_array().expect("items") {
             seen.push(m["hostname"].as_str().expect("host").to_string());
@@ -519,12 +456,9 @@ async fn list_filters_and_pages(b: Backend) {
     ] {
         let page: Value = s
             .req(Method::GET, &format!("/api/v1/machines?{q}"), &s.viewer)
-            .send()
+            .answer()
             .await
-            .expect("list")
-            .json()
-            .await
-            .expect("json");
+            .json();
         assert_eq!(page["total"], n, "{q}");
     }
     for q in [
@@ -540,34 +474,27 @@ async fn list_filters_and_pages(b: Backend) {
                 &format!("/api/v1/machines/lookup?{q}"),
                 &s.viewer,
             )
-            .send()
+            .answer()
             .await
-            .expect("lookup")
-            .json()
-            .await
-            .expect("json");
+            .json();
         assert_eq!(m["hostname"], "n05", "{q}");
     }
-    let r = s
-        .req(
-            Method::GET,
-            "/api/v1/machines/lookup?serial=nope",
-            &s.viewer,
-        )
-        .send()
-        .await
-        .expect("lookup");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
-    let r = s
-        .req(
-            Method::GET,
-            "/api/v1/machines/lookup?serial=a&mac=52:54:00:00:00:01",
-            &s.viewer,
-        )
-        .send()
-        .await
-        .expect("lookup");
-    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    s.req(
+        Method::GET,
+        "/api/v1/machines/lookup?serial=nope",
+        &s.viewer,
+    )
+    .answer()
+    .await
+    .expect_status(StatusCode::NOT_FOUND);
+    s.req(
+        Method::GET,
+        "/api/v1/machines/lookup?serial=a&mac=52:54:00:00:00:01",
+        &s.viewer,
+    )
+    .answer()
+    .await
+    .expect_status(StatusCode::BAD_REQUEST);
     s.finish().await;
 }
 
@@ -589,11 +516,10 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
         .req(Method::POST, "/api/v1/machines/import", &s.operator)
         .header("content-type", "text/csv")
         .body(bad)
-        .send()
+        .answer()
         .await
-        .expect("import");
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let e: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json();
     let rows: Vec<(u64, String)> = e["error"]["rows"]
         .as_array()
         .expect("rows")
@@ -618,12 +544,9 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
     );
     let page: Value = s
         .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .send()
+        .answer()
         .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(page["total"], 1, "nothing imported");
 
     let good = "hostname,mac,ipv4,role,rack,rack_unit,bmc_url,bmc_username,bmc_password\n\
@@ -633,30 +556,25 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
         .req(Method::POST, "/api/v1/machines/import", &s.operator)
         .header("content-type", "text/csv")
         .body(good)
-        .send()
+        .answer()
         .await
-        .expect("import");
-    assert_eq!(r.status(), StatusCode::OK);
-    let res: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::OK);
+    let res: Value = r.json();
     assert_eq!(res["imported"], 2);
     let w1: Value = s
         .req(Method::GET, "/api/v1/machines/w1", &s.viewer)
-        .send()
+        .answer()
         .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(w1["bmc"]["has_password"], true);
     assert_eq!(w1["interfaces"][0]["boot"], true);
     let r = s
         .req(Method::POST, "/api/v1/machines/import", &s.operator)
         .header("content-type", "text/csv")
         .body("hostname,colour\nx,blue\n")
-        .send()
-        .await
-        .expect("import");
-    let e: Value = r.json().await.expect("json");
+        .answer()
+        .await;
+    let e: Value = r.json();
     assert_eq!(e["error"]["rows"][0]["field"], "colour");
     s.finish().await;
 }
@@ -698,12 +616,9 @@ async fn secrets_are_encrypted_at_rest(b: Backend) {
     assert!(!all.contains("Sup3r"));
     let ev: Value = s
         .req(Method::GET, "/api/v1/events", &s.admin)
-        .send()
+        .answer()
         .await
-        .expect("ev")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert!(!ev.to_string().contains("Sup3r"));
     // The events table is append-only.
     let denied = match b {
@@ -752,9 +667,7 @@ async fn concurrent_edits_one_wins(b: Backend) {
             )
             .header("If-Match", "\"1\"")
             .json(&json!({"rack": format!("r{i}")}));
-        handles.push(tokio::spawn(async move {
-            req.send().await.expect("send").status()
-        }));
+        handles.push(tokio::spawn(async move { req.answer().await.status }));
     }
     let mut ok = 0;
     for h in handles {
@@ -767,49 +680,32 @@ async fn concurrent_edits_one_wins(b: Backend) {
     assert_eq!(ok, 1, "exactly one edit of version 1 wins");
     let m: Value = s
         .req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
-        .send()
+        .answer()
         .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(m["version"], 2);
     s.finish().await;
 }
 
 async fn health_metrics_openapi(b: Backend) {
     let s = TestServer::start(b).await;
-    let r = s
-        .client
+    s.client
         .get(s.url("/healthz"))
-        .send()
+        .answer()
         .await
-        .expect("health");
-    assert_eq!(r.status(), StatusCode::OK);
+        .expect_status(StatusCode::OK);
     let _ = s
         .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .send()
-        .await
-        .expect("list");
-    let text = s
-        .client
-        .get(s.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+        .answer()
+        .await;
+    let text = s.client.get(s.url("/metrics")).answer().await.text;
     assert!(text.contains("plinth_http_requests_total{method=\"GET\",route=\"/api/v1/machines\",status=\"200\"} 1"), "{text}");
     let doc: Value = s
         .client
         .get(s.url("/api/v1/openapi.json"))
-        .send()
+        .answer()
         .await
-        .expect("doc")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert!(doc["openapi"].as_str().expect("version").starts_with("3."));
     for p in [
         "/api/v1/machines",
@@ -822,8 +718,11 @@ async fn health_metrics_openapi(b: Backend) {
         assert!(doc["paths"].get(p).is_some(), "{p} documented");
     }
     assert!(doc["components"]["schemas"]["MachineSpec"]["properties"]["interfaces"].is_object());
-    let r = s.client.get(s.url("/nope")).send().await.expect("404");
-    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    s.client
+        .get(s.url("/nope"))
+        .answer()
+        .await
+        .expect_status(StatusCode::NOT_FOUND);
     s.finish().await;
 }
 
@@ -838,65 +737,59 @@ async fn lifecycle_transitions(b: Backend) {
             &s.operator,
         )
         .json(&body)
-        .send()
+        .answer()
     };
     // Not allowed: registered -> installed. The answer names the current state and the way on.
-    let r = post(json!({"state": "installed"})).await.expect("send");
-    assert_eq!(r.status(), StatusCode::CONFLICT);
-    let e: Value = r.json().await.expect("json");
+    let r = post(json!({"state": "installed"})).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let e: Value = r.json();
     let msg = e["error"]["message"].as_str().expect("msg");
     assert!(
         msg.contains("a registered machine cannot become installed") && msg.contains("ready"),
         "{msg}"
     );
     // The same state again changes nothing.
-    let r = post(json!({"state": "registered"})).await.expect("send");
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.json::<Value>().await.expect("json")["version"], 1);
+    let r = post(json!({"state": "registered"})).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["version"], 1);
     for (to, version) in [("ready", 2), ("provisioning", 3), ("installed", 4)] {
-        let r = post(json!({"state": to})).await.expect("send");
-        assert_eq!(r.status(), StatusCode::OK, "{to}");
-        let m: Value = r.json().await.expect("json");
+        let r = post(json!({"state": to})).await;
+        assert_eq!(r.status, StatusCode::OK, "{to}");
+        let m: Value = r.json();
         assert_eq!(
             (m["state"].as_str(), m["version"].as_i64()),
             (Some(to), Some(version))
         );
     }
     // failed needs a reason; with one it is kept.
-    let r = post(json!({"state": "failed"})).await.expect("send");
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let r = post(json!({"state": "failed", "reason": "disk /dev/nvme0n1 gone"}))
-        .await
-        .expect("send");
-    let m: Value = r.json().await.expect("json");
+    let r = post(json!({"state": "failed"})).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    let r = post(json!({"state": "failed", "reason": "disk /dev/nvme0n1 gone"})).await;
+    let m: Value = r.json();
     assert_eq!(m["state_reason"], "disk /dev/nvme0n1 gone");
     // A stale If-Match is refused.
-    let r = s
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/state"),
-            &s.operator,
-        )
-        .header("If-Match", "\"2\"")
-        .json(&json!({"state": "maintenance"}))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::PRECONDITION_FAILED);
+    s.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/state"),
+        &s.operator,
+    )
+    .header("If-Match", "\"2\"")
+    .json(&json!({"state": "maintenance"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::PRECONDITION_FAILED);
     // Viewers cannot; unknown states name the field.
-    let r = s
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/state"),
-            &s.viewer,
-        )
-        .json(&json!({"state": "ready"}))
-        .send()
-        .await
-        .expect("send");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
-    let r = post(json!({"state": "asleep"})).await.expect("send");
-    let e: Value = r.json().await.expect("json");
+    s.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/state"),
+        &s.viewer,
+    )
+    .json(&json!({"state": "ready"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::FORBIDDEN);
+    let r = post(json!({"state": "asleep"})).await;
+    let e: Value = r.json();
     assert_eq!(e["error"]["fields"][0]["field"], "state");
     // Every change is an event.
     let ev: Value = s
@@ -905,12 +798,9 @@ async fn lifecycle_transitions(b: Backend) {
             &format!("/api/v1/events?machine={id}&kind=machine.state"),
             &s.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("ev")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let tos: Vec<&str> = ev
         .as_array()
         .expect("arr")
@@ -929,11 +819,10 @@ async fn an_event_stream_ends_when_its_token_is_revoked(b: Backend) {
     let minted = s
         .req(Method::POST, "/api/v1/tokens", &s.admin)
         .json(&json!({"name": "dashboard", "role": "viewer"}))
-        .send()
+        .answer()
         .await
-        .expect("mint");
-    assert_eq!(minted.status(), StatusCode::CREATED);
-    let minted: Value = minted.json().await.expect("json");
+        .expect_status(StatusCode::CREATED)
+        .json();
     let (secret, id) = (
         minted["token"].as_str().expect("token").to_string(),
         minted["info"]["id"].as_str().expect("id").to_string(),
@@ -942,7 +831,7 @@ async fn an_event_stream_ends_when_its_token_is_revoked(b: Backend) {
         .req(Method::GET, "/api/v1/events/stream", &secret)
         .send()
         .await
-        .expect("stream");
+        .expect("the stream opens");
     assert_eq!(stream.status(), StatusCode::OK);
     let mut body = stream.bytes_stream();
     // The stream carries events while the token is live.
@@ -958,10 +847,9 @@ async fn an_event_stream_ends_when_its_token_is_revoked(b: Backend) {
     }
     let revoked = s
         .req(Method::DELETE, &format!("/api/v1/tokens/{id}"), &s.admin)
-        .send()
-        .await
-        .expect("revoke");
-    assert!(revoked.status().is_success(), "{}", revoked.status());
+        .answer()
+        .await;
+    assert!(revoked.status.is_success(), "{}", revoked.status);
     // Then it ends (the feed checks its token every few seconds).
     let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         while let Some(Ok(_)) = body.next().await {}

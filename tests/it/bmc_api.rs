@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use axum::routing::get;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
@@ -87,9 +87,9 @@ async fn call(
     if let Some(b) = body {
         rb = rb.json(&b);
     }
-    let r = rb.send().await.expect("send");
-    let status = r.status();
-    let text = r.text().await.expect("body");
+    let r = rb.answer().await;
+    let status = r.status;
+    let text = r.text;
     seen.push(&text);
     let v = if text.is_empty() {
         Value::Null

@@ -882,7 +882,6 @@ async fn a_bmc_that_never_answers_times_out() {
             ..options()
         },
     );
-    let started = Instant::now();
     let res = tokio::time::timeout(Duration::from_secs(20), bmc.power_state())
         .await
         .expect("the client gave up on its own");
@@ -890,7 +889,6 @@ async fn a_bmc_that_never_answers_times_out() {
         matches!(res, Err(BmcError::Timeout { .. })),
         "expected Timeout, got {res:?}"
     );
-    assert!(started.elapsed() < Duration::from_secs(20));
     silent.abort();
 
     // Nobody listening at all: connect errors, retried a bounded number of times.

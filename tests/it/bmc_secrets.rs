@@ -14,7 +14,7 @@ use plinth::domain::{MachineId, MachineSpec};
 use plinth::service::{MachineRecord, MachineStore, NewEvent, PasswordChange, SecretBox};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 const PASSWORD: &str = "Old-Secret-7f3a9";
@@ -30,9 +30,9 @@ async fn send(
     if let Some(b) = body {
         rb = rb.json(&b);
     }
-    let r = rb.send().await.expect("send");
-    let status = r.status();
-    let text = r.text().await.expect("body");
+    let r = rb.answer().await;
+    let status = r.status;
+    let text = r.text;
     assert!(
         !text.contains(PASSWORD),
         "the password in an answer: {text}"
@@ -376,11 +376,10 @@ async fn plain_http_needs_the_insecure_http_flag(b: Backend) {
         .req(Method::POST, "/api/v1/machines/import", &s.operator)
         .header("content-type", "text/csv")
         .body(csv)
-        .send()
+        .answer()
         .await
-        .expect("import");
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    let e: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json();
     assert_eq!(e["error"]["rows"][0]["field"], "bmc_tls", "{e}");
 
     // A row set to `verify` behind Plinth's back: the client refuses to send the password.

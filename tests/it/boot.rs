@@ -8,7 +8,7 @@ use std::process::Command;
 
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 /// A server whose TFTP (on a loopback port) serves the boot files in `root`.
 async fn tftp_server(root: &Path) -> TestServer {
@@ -151,14 +151,14 @@ async fn tftp_serves_read_only_inside_its_root() {
     server.finish().await;
 }
 
-async fn get(s: &TestServer, path: &str) -> reqwest::Response {
-    s.client.get(s.url(path)).send().await.expect("get")
+async fn get(s: &TestServer, path: &str) -> support::Answer {
+    s.client.get(s.url(path)).answer().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn boot_scripts_discover_unknown_machines() {
     let s = TestServer::start(Backend::Sqlite).await;
-    let g = get(&s, "/boot.ipxe").await.text().await.expect("text");
+    let g = get(&s, "/boot.ipxe").await.text;
     assert!(g.starts_with("#!ipxe"));
     assert!(
         g.contains(&format!(
@@ -171,8 +171,8 @@ async fn boot_scripts_discover_unknown_machines() {
     let q = "/boot/machine.ipxe?mac=52-54-00-99-00-01&uuid=8c1d7a2e-5f3b-4d6a-9e1f-2b3c4d5e6f70&serial=SN-0099\
              &manufacturer=QEMU&product=Standard%20PC&asset=To%20Be%20Filled%20By%20O.E.M.&buildarch=x86_64&platform=efi";
     let r = get(&s, q).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    let text = r.text().await.expect("text");
+    assert_eq!(r.status, StatusCode::OK);
+    let text = r.text;
     assert!(text.contains("registered as discovered"), "{text}");
     assert!(
         text.contains("chain --autofree --replace"),
@@ -185,12 +185,9 @@ async fn boot_scripts_discover_unknown_machines() {
             "/api/v1/machines/lookup?mac=52:54:00:99:00:01",
             &s.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("lookup")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(m["state"], "discovered");
     assert_eq!(m["serial"], "SN-0099");
     assert_eq!(m["smbios_uuid"], "8c1d7a2e-5f3b-4d6a-9e1f-2b3c4d5e6f70");
@@ -204,12 +201,9 @@ async fn boot_scripts_discover_unknown_machines() {
     let _ = get(&s, q).await;
     let page: Value = s
         .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .send()
+        .answer()
         .await
-        .expect("l")
-        .json()
-        .await
-        .expect("j");
+        .json();
     assert_eq!(page["total"], 1);
     // Its boot timeline.
     let ev: Value = s
@@ -221,12 +215,9 @@ async fn boot_scripts_discover_unknown_machines() {
             ),
             &s.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("ev")
-        .json()
-        .await
-        .expect("j");
+        .json();
     let kinds: Vec<&str> = ev
         .as_array()
         .expect("arr")
@@ -237,21 +228,17 @@ async fn boot_scripts_discover_unknown_machines() {
     assert_eq!(ev[0]["detail"]["plan"], "discovery");
 
     // A registered machine waits for an operator (hold), without rebooting.
-    let r = s
-        .req(Method::POST, "/api/v1/machines", &s.operator)
+    s.req(Method::POST, "/api/v1/machines", &s.operator)
         .json(&serde_json::json!({"hostname": "w1", "interfaces": [{"mac": "52:54:00:99:00:02"}]}))
-        .send()
+        .answer()
         .await
-        .expect("create");
-    assert_eq!(r.status(), StatusCode::CREATED);
+        .expect_status(StatusCode::CREATED);
     let text = get(
         &s,
         "/boot/machine.ipxe?mac=52:54:00:99:00:02&buildarch=i386",
     )
     .await
-    .text()
-    .await
-    .expect("t");
+    .text;
     assert!(
         text.contains("machine is registered: waiting for an operator"),
         "{text}"
@@ -267,35 +254,32 @@ async fn boot_scripts_discover_unknown_machines() {
                 &s.operator,
             )
             .json(&serde_json::json!({"state": to}))
-            .send()
-            .await
-            .expect("state");
-        assert_eq!(r.status(), StatusCode::OK, "{to}");
+            .answer()
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{to}");
     }
-    let text = get(&s, q).await.text().await.expect("t");
+    let text = get(&s, q).await.text;
     assert!(
         text.contains("no Talos image and machine config are ready"),
         "{text}"
     );
-    let r = s
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/state"),
-            &s.operator,
-        )
-        .json(&serde_json::json!({"state": "installed"}))
-        .send()
-        .await
-        .expect("state");
-    assert_eq!(r.status(), StatusCode::OK);
-    let text = get(&s, q).await.text().await.expect("t");
+    s.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/state"),
+        &s.operator,
+    )
+    .json(&serde_json::json!({"state": "installed"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
+    let text = get(&s, q).await.text;
     assert!(
         text.contains("booting from the local disk\nexit\n"),
         "{text}"
     );
     // No MAC: a clear refusal, not a panic.
     assert_eq!(
-        get(&s, "/boot/machine.ipxe?uuid=x").await.status(),
+        get(&s, "/boot/machine.ipxe?uuid=x").await.status,
         StatusCode::BAD_REQUEST
     );
     s.finish().await;
@@ -315,55 +299,51 @@ async fn images_are_served_with_ranges_and_etags() {
     let path = format!("/images/{schem}/v1.11.6/kernel-amd64");
 
     let r = get(&s, &path).await;
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.headers()["content-length"], "3000000");
-    let etag = r.headers()["etag"].to_str().expect("etag").to_string();
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["content-length"], "3000000");
+    let etag = r.headers["etag"].to_str().expect("etag").to_string();
     assert_eq!(etag, format!("\"sha256-{}\"", f.sha256));
-    assert_eq!(r.bytes().await.expect("body").as_ref(), body.as_slice());
+    assert_eq!(r.body, body);
 
-    let r = s.client.head(s.url(&path)).send().await.expect("head");
-    assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(r.headers()["content-length"], "3000000");
-    assert_eq!(r.headers()["accept-ranges"], "bytes");
+    let r = s
+        .client
+        .head(s.url(&path))
+        .answer()
+        .await
+        .expect_status(StatusCode::OK);
+    assert_eq!(r.headers["content-length"], "3000000");
+    assert_eq!(r.headers["accept-ranges"], "bytes");
 
     let r = s
         .client
         .get(s.url(&path))
         .header("Range", "bytes=1000-1999")
-        .send()
+        .answer()
         .await
-        .expect("range");
-    assert_eq!(r.status(), StatusCode::PARTIAL_CONTENT);
-    assert_eq!(r.headers()["content-range"], "bytes 1000-1999/3000000");
-    assert_eq!(r.bytes().await.expect("b").as_ref(), &body[1000..2000]);
+        .expect_status(StatusCode::PARTIAL_CONTENT);
+    assert_eq!(r.headers["content-range"], "bytes 1000-1999/3000000");
+    assert_eq!(r.body, &body[1000..2000]);
     let r = s
         .client
         .get(s.url(&path))
         .header("Range", "bytes=-10")
-        .send()
-        .await
-        .expect("range");
-    assert_eq!(
-        r.bytes().await.expect("b").as_ref(),
-        &body[body.len() - 10..]
-    );
+        .answer()
+        .await;
+    assert_eq!(r.body, &body[body.len() - 10..]);
     let r = s
         .client
         .get(s.url(&path))
         .header("Range", "bytes=5000000-")
-        .send()
+        .answer()
         .await
-        .expect("range");
-    assert_eq!(r.status(), StatusCode::RANGE_NOT_SATISFIABLE);
-    assert_eq!(r.headers()["content-range"], "bytes */3000000");
-    let r = s
-        .client
+        .expect_status(StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(r.headers["content-range"], "bytes */3000000");
+    s.client
         .get(s.url(&path))
         .header("If-None-Match", &etag)
-        .send()
+        .answer()
         .await
-        .expect("inm");
-    assert_eq!(r.status(), StatusCode::NOT_MODIFIED);
+        .expect_status(StatusCode::NOT_MODIFIED);
 
     for bad in [
         format!("/images/{schem}/v1.11.6/initramfs-amd64.xz"),
@@ -371,7 +351,7 @@ async fn images_are_served_with_ranges_and_etags() {
         "/images/../../v1.11.6/kernel-amd64".to_string(),
         format!("/images/{schem}/latest/kernel-amd64"),
     ] {
-        assert_eq!(get(&s, &bad).await.status(), StatusCode::NOT_FOUND, "{bad}");
+        assert_eq!(get(&s, &bad).await.status, StatusCode::NOT_FOUND, "{bad}");
     }
     s.finish().await;
 }

@@ -17,7 +17,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
 use crate::support::talos_node::{NodeOptions, SharedCluster, TalosNode};
-use crate::support::{self, Backend, TestServer};
+use crate::support::{self, Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas};
 use plinth::service::clusters::{BootstrapError, ClusterSettings};
 use plinth::service::Workflows;
@@ -74,23 +74,16 @@ async fn services(srv: &TestServer, extra: &str, instance: &str) -> Workflows {
 }
 
 async fn get(srv: &TestServer, path: &str) -> Value {
-    srv.req(Method::GET, path, &srv.admin)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json")
+    srv.req(Method::GET, path, &srv.admin).answer().await.json()
 }
 
 async fn post(srv: &TestServer, token: &str, path: &str, body: Value) -> (StatusCode, String) {
     let r = srv
         .req(Method::POST, path, token)
         .json(&body)
-        .send()
-        .await
-        .expect("post");
-    (r.status(), r.text().await.unwrap_or_default())
+        .answer()
+        .await;
+    (r.status, r.text)
 }
 
 /// One machine of the lab: name, role, MAC, UUID, loopback address.
@@ -188,12 +181,9 @@ async fn boot_and_fetch(srv: &TestServer, w: &Workflows, m: &Spec) -> String {
             m.mac().replace(':', "-"),
             m.uuid()
         )))
-        .send()
+        .answer()
         .await
-        .expect("script")
-        .text()
-        .await
-        .expect("text");
+        .text;
     let token = crate::talos_configs::token_of(&script);
     w.tick().await.expect("tick");
     let id = get(srv, &format!("/api/v1/machines/{}", m.name)).await["id"]
@@ -202,11 +192,10 @@ async fn boot_and_fetch(srv: &TestServer, w: &Workflows, m: &Spec) -> String {
         .to_string();
     let r = from
         .get(srv.url(&format!("/config/{id}?token={token}&uuid={}", m.uuid())))
-        .send()
-        .await
-        .expect("fetch");
-    assert_eq!(r.status(), StatusCode::OK, "{}", m.name);
-    let config = r.text().await.expect("config");
+        .answer()
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", m.name);
+    let config = r.text;
     w.tick().await.expect("tick");
     let r = get(srv, &format!("/api/v1/machines/{}/reinstall", m.name)).await;
     assert_eq!(r["stage"], "talos_api", "{r}");
@@ -403,15 +392,7 @@ async fn verified_install_bootstraps_once_then_measures_health(b: Backend) {
         cached["checked_at"], h["checked_at"],
         "stored with its time"
     );
-    let metrics = srv
-        .client
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = srv.client.get(srv.url("/metrics")).answer().await.text;
     // The server's gauges follow its last measurement (the GET above).
     for line in [
         "plinth_cluster_nodes_up{cluster=\"lab\"} 4",

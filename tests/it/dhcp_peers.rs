@@ -22,15 +22,6 @@ use lan::Lan;
 use peers::{bound_by_mac, lease_rows, metrics, perfdhcp, sample, start_plinth, Agent};
 use support::{Backend, TestDb};
 
-/// Not a test of its own: the entry point of the UDP agent when this binary is re-executed inside
-/// a namespace (see `peers::Agent`). Without the environment variable it does nothing.
-#[test]
-fn netns_agent() {
-    if let Ok(spec) = std::env::var(peers::AGENT_ENV) {
-        peers::agent_main(&spec);
-    }
-}
-
 fn mac_of(lan: &Lan, host: &lan::Host) -> [u8; 6] {
     let out = lan
         .cmd(host, "cat")

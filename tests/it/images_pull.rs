@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use reqwest::{Method, StatusCode};
 use sha2::{Digest, Sha256};
 
-use crate::support::{Backend, TestServer};
+use crate::support::{Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas, write_inventory};
 
 const VERSION: &str = "v1.12.11";
@@ -235,12 +235,9 @@ async fn on_demand_pull_is_single_flight() {
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
     let st: serde_json::Value = srv
         .req(Method::GET, "/api/v1/machines/node-1/config", &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
 
     // Both doors pull through the one single-flight look-up: the main port and the image door.
@@ -254,10 +251,9 @@ async fn on_demand_pull_is_single_flight() {
         let r = srv
             .client
             .get(format!("{door}/images/{schematic}/v1.11.6/kernel-amd64"))
-            .send()
-            .await
-            .expect("get");
-        assert_eq!(r.status(), StatusCode::NOT_FOUND, "{door}");
+            .answer()
+            .await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{door}");
     }
     assert!(f.hits.lock().expect("hits").is_empty());
 
@@ -271,9 +267,8 @@ async fn on_demand_pull_is_single_flight() {
             format!("{}/images/{schematic}/{VERSION}/kernel-amd64", doors[i % 2]),
         );
         tasks.push(tokio::spawn(async move {
-            let r = c.get(u).send().await.expect("get");
-            let status = r.status();
-            (status, sha(&r.bytes().await.expect("body")))
+            let r = c.get(u).answer().await;
+            (r.status, sha(&r.body))
         }));
     }
     for t in tasks {

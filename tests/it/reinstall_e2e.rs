@@ -46,15 +46,6 @@ const BMC_PASSWORD: &str = "qemu-bmc-Secret-1";
 /// this is well above that, so only a VM that never asks misses it.
 const CONFIG_DEADLINE_SECS: u64 = 45;
 
-/// Not a test of its own: the entry point of the BMC when this binary is re-executed inside the
-/// lab's namespace (see `QemuBmc::start`). Without the environment variable it does nothing.
-#[test]
-fn qemu_bmc_process() {
-    if let Ok(spec) = std::env::var(qemu_bmc::BMC_ENV) {
-        qemu_bmc::main(&spec);
-    }
-}
-
 /// One lab: Plinth, the report listener, the BMC and its (powered-off) VM, the machine declared
 /// with its BMC, its password set through the API and its state `ready`.
 struct Rig {

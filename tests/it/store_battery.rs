@@ -229,6 +229,7 @@ async fn machines_crud(b: Backend) {
             LifecycleState::Registered,
             LifecycleState::Failed,
             Some("disk gone"),
+            true,
             &event(Some(m.id), "machine.state"),
         )
         .await
@@ -236,6 +237,11 @@ async fn machines_crud(b: Backend) {
     assert_eq!(
         (st2.state, st2.state_reason.as_deref(), st2.version),
         (LifecycleState::Failed, Some("disk gone"), 3)
+    );
+    // Who set the state, and that a person did, are recorded with it.
+    assert_eq!(
+        (st2.state_by.as_deref(), st2.manual_hold),
+        (Some("test"), true)
     );
     let st3 = st
         .machines
@@ -245,6 +251,7 @@ async fn machines_crud(b: Backend) {
             LifecycleState::Failed,
             LifecycleState::Ready,
             None,
+            false,
             &event(Some(m.id), "machine.state"),
         )
         .await
@@ -252,6 +259,10 @@ async fn machines_crud(b: Backend) {
     assert_eq!(
         (st3.state, st3.state_reason, st3.version),
         (LifecycleState::Ready, None, 4)
+    );
+    assert!(
+        !st3.manual_hold,
+        "the next state change sets the hold again"
     );
     assert_eq!(events_of(&st, m.id, "machine.state").await, 2);
 
@@ -315,6 +326,7 @@ async fn machines_version_conflicts(b: Backend) {
             LifecycleState::Registered,
             LifecycleState::Ready,
             None,
+            false,
             &ev,
         )
         .await;
@@ -336,6 +348,7 @@ async fn machines_version_conflicts(b: Backend) {
             LifecycleState::Failed,
             LifecycleState::Ready,
             None,
+            false,
             &ev,
         )
         .await;
@@ -363,6 +376,7 @@ async fn machines_version_conflicts(b: Backend) {
                 LifecycleState::Registered,
                 LifecycleState::Ready,
                 None,
+                false,
                 &ev,
             )
             .await
@@ -1515,6 +1529,7 @@ async fn reinstalls_compare_and_set(b: Backend) {
         started_at: t,
         finished_at: None,
         error: None,
+        cancelled_by: None,
     };
     assert!(st
         .reinstalls
@@ -1593,9 +1608,39 @@ async fn reinstalls_compare_and_set(b: Backend) {
         .await
         .expect("after done"));
     assert_eq!(
-        st.reinstalls.reinstall(m.id).await.expect("get"),
-        Some(again)
+        st.reinstalls.reinstall(m.id).await.expect("get").as_ref(),
+        Some(&again)
     );
+    // Cancelled (with who did it) ends it like done: no longer active, replaced by the next.
+    let cancelled = Reinstall {
+        stage: Stage::Cancelled,
+        finished_at: Some(now()),
+        error: Some("cancelled by token:tech at stage power".into()),
+        cancelled_by: Some("token:tech".into()),
+        ..again.clone()
+    };
+    assert!(st
+        .reinstalls
+        .advance_reinstall(
+            &cancelled,
+            Stage::Power,
+            &event(Some(m.id), "reinstall.cancelled")
+        )
+        .await
+        .expect("cancel"));
+    assert_eq!(
+        st.reinstalls.reinstall(m.id).await.expect("get").as_ref(),
+        Some(&cancelled)
+    );
+    assert_eq!(
+        st.reinstalls.active_reinstalls().await.expect("active"),
+        vec![]
+    );
+    assert!(st
+        .reinstalls
+        .start_reinstall(&again, &event(Some(m.id), "reinstall.started"))
+        .await
+        .expect("after cancelled"));
     db.drop_db().await;
 }
 

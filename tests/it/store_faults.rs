@@ -16,7 +16,7 @@ use dhcproto::{Decodable, Decoder, Encodable};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use support::broken_store::{BrokenStore, Port};
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 /// The answer to one request: status and body.
 async fn ask(
@@ -32,8 +32,8 @@ async fn ask(
     if method == Method::POST {
         r = r.json(&json!({ "hostname": "new-node" }));
     }
-    let r = r.send().await.expect("request");
-    (r.status(), r.text().await.expect("body"))
+    let r = r.answer().await;
+    (r.status, r.text)
 }
 
 /// A store fault as the API answers it: a 5xx with the error envelope, without the fault's text.
@@ -109,14 +109,10 @@ async fn a_store_that_breaks_mid_way(b: Backend) {
             "hostname": "faulty",
             "interfaces": [{ "mac": mac, "boot": true }],
         }))
-        .send()
+        .answer()
         .await
-        .expect("create");
-    assert_eq!(r.status(), StatusCode::CREATED);
-    let id = r.json::<Value>().await.expect("json")["id"]
-        .as_str()
-        .expect("id")
-        .to_string();
+        .expect_status(StatusCode::CREATED);
+    let id = r.json()["id"].as_str().expect("id").to_string();
     let viewer = s.viewer.clone();
     let reads = [
         format!("/api/v1/machines/{id}"),

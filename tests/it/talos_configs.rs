@@ -10,7 +10,7 @@ use std::process::Command;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::support::{self, Backend, TestServer};
+use crate::support::{self, Ask as _, Backend, TestServer};
 use plinth::talos::validate::SchemaValidator;
 use plinth::talos::{MachineConfig, TalosVersion};
 
@@ -426,11 +426,10 @@ pub(crate) async fn fetch_from(
 ) -> (StatusCode, String) {
     let r = client_from(local)
         .get(srv.url(&format!("/config/{id}?token={token}&uuid={uuid}")))
-        .send()
-        .await
-        .expect("fetch");
-    let status = r.status();
-    (status, r.text().await.unwrap_or_default())
+        .answer()
+        .await;
+    let status = r.status;
+    (status, r.text)
 }
 
 pub(crate) async fn boot_script(srv: &TestServer) -> String {
@@ -444,12 +443,9 @@ pub(crate) async fn boot_script_from(srv: &TestServer, local: &str) -> String {
             "/boot/machine.ipxe?mac={}&uuid={UUID}&buildarch=x86_64&platform=efi",
             MAC.replace(':', "-")
         )))
-        .send()
+        .answer()
         .await
-        .expect("script")
-        .text()
-        .await
-        .expect("text")
+        .text
 }
 
 pub(crate) fn token_of(script: &str) -> String {
@@ -468,12 +464,9 @@ pub(crate) async fn events(srv: &TestServer, id: &str, kind: &str) -> Vec<Value>
             &format!("/api/v1/events?machine={id}&kind={kind}"),
             &srv.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("events")
-        .json()
-        .await
-        .expect("json");
+        .json();
     v.as_array().cloned().unwrap_or_default()
 }
 
@@ -495,12 +488,9 @@ async fn config_delivery(b: Backend) {
 
     let m: Value = srv
         .req(Method::GET, "/api/v1/machines/node-1", &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("machine")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let id = m["id"].as_str().expect("id").to_string();
 
     // The operator's view: renders, valid, pinned; never the config itself.
@@ -510,12 +500,9 @@ async fn config_delivery(b: Backend) {
             &format!("/api/v1/machines/{id}/config"),
             &srv.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(st["valid"], true, "{st}");
     assert_eq!(st["window_open"], false);
     assert!(
@@ -545,35 +532,30 @@ async fn config_delivery(b: Backend) {
             &srv.operator,
         )
         .json(&json!({}))
-        .send()
+        .answer()
         .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::CONFLICT);
-    assert!(r.text().await.unwrap_or_default().contains("registered"));
-    let r = srv
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/state"),
-            &srv.operator,
-        )
-        .json(&json!({"state": "ready"}))
-        .send()
-        .await
-        .expect("state");
-    assert_eq!(r.status(), StatusCode::OK);
+        .expect_status(StatusCode::CONFLICT);
+    assert!(r.text.contains("registered"));
+    srv.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/state"),
+        &srv.operator,
+    )
+    .json(&json!({"state": "ready"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
 
     // Opening the window needs an operator.
-    let r = srv
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/provision"),
-            &srv.viewer,
-        )
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    srv.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/provision"),
+        &srv.viewer,
+    )
+    .json(&json!({}))
+    .answer()
+    .await
+    .expect_status(StatusCode::FORBIDDEN);
     let r = srv
         .req(
             Method::POST,
@@ -581,11 +563,10 @@ async fn config_delivery(b: Backend) {
             &srv.operator,
         )
         .json(&json!({"ttl_seconds": 5}))
-        .send()
+        .answer()
         .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(r.text().await.unwrap_or_default().contains("ttl_seconds"));
+        .expect_status(StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text.contains("ttl_seconds"));
     let r = srv
         .req(
             Method::POST,
@@ -593,11 +574,10 @@ async fn config_delivery(b: Backend) {
             &srv.operator,
         )
         .json(&json!({"ttl_seconds": 600}))
-        .send()
+        .answer()
         .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::OK);
-    let opened: Value = r.json().await.expect("json");
+        .expect_status(StatusCode::OK);
+    let opened: Value = r.json();
     let sha = opened["sha256"].as_str().expect("sha").to_string();
 
     // Without a cached image the machine holds and says why; with one it gets the install plan.
@@ -685,23 +665,12 @@ async fn config_delivery(b: Backend) {
             &format!("/api/v1/machines/{id}/config"),
             &srv.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(st["served_sha256"], sha);
     assert_eq!(st["window_open"], true);
-    let metrics = srv
-        .client
-        .get(srv.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = srv.client.get(srv.url("/metrics")).answer().await.text;
     assert!(
         metrics.contains("plinth_config_anomalies_total{kind=\"config.token_reused\"} 1"),
         "{metrics}"
@@ -758,17 +727,15 @@ async fn config_delivery(b: Backend) {
     // Installed: the window closes; a token is refused, and the next network boot boots the
     // local disk.
     let token3 = token_of(&boot_script(&srv).await);
-    let r = srv
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/state"),
-            &srv.operator,
-        )
-        .json(&json!({"state": "installed"}))
-        .send()
-        .await
-        .expect("state");
-    assert_eq!(r.status(), StatusCode::OK);
+    srv.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/state"),
+        &srv.operator,
+    )
+    .json(&json!({"state": "installed"}))
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
     assert_eq!(
         fetch(&srv, &id, &token3, UUID).await.0,
         StatusCode::NOT_FOUND
@@ -801,11 +768,10 @@ async fn config_delivery(b: Backend) {
             &format!("/api/v1/machines/{id}/provision"),
             &srv.operator,
         )
-        .send()
-        .await
-        .expect("close");
+        .answer()
+        .await;
     assert_eq!(
-        r.status(),
+        r.status,
         StatusCode::NOT_FOUND,
         "already closed by `installed`"
     );
@@ -814,17 +780,15 @@ async fn config_delivery(b: Backend) {
     // (whoever knows the MAC cannot mint one), says why, and is an anomaly of the machine.
     write_inventory(tmp.path(), &secrets, Some("10.9.9.9"));
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
-    let r = srv
-        .req(
-            Method::POST,
-            &format!("/api/v1/machines/{id}/provision"),
-            &srv.operator,
-        )
-        .json(&json!({}))
-        .send()
-        .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::OK);
+    srv.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/provision"),
+        &srv.operator,
+    )
+    .json(&json!({}))
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
     let script = boot_script(&srv).await;
     assert!(!script.contains("token="), "{script}");
     assert!(script.contains("machine's own address"), "{script}");
@@ -889,50 +853,40 @@ async fn a_machine_without_a_uuid_binds_the_first_one(b: Backend) {
     apply_dir(&srv, &extra, &tmp.path().join("inv")).await;
     let m: Value = srv
         .req(Method::GET, "/api/v1/machines/node-1", &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("machine")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert!(m["smbios_uuid"].is_null(), "{m}");
     let id = m["id"].as_str().expect("id").to_string();
     for state in ["ready"] {
-        let r = srv
-            .req(
-                Method::POST,
-                &format!("/api/v1/machines/{id}/state"),
-                &srv.operator,
-            )
-            .json(&json!({ "state": state }))
-            .send()
-            .await
-            .expect("state");
-        assert_eq!(r.status(), StatusCode::OK);
-    }
-    let r = srv
-        .req(
+        srv.req(
             Method::POST,
-            &format!("/api/v1/machines/{id}/provision"),
+            &format!("/api/v1/machines/{id}/state"),
             &srv.operator,
         )
-        .json(&json!({}))
-        .send()
+        .json(&json!({ "state": state }))
+        .answer()
         .await
-        .expect("open");
-    assert_eq!(r.status(), StatusCode::OK);
+        .expect_status(StatusCode::OK);
+    }
+    srv.req(
+        Method::POST,
+        &format!("/api/v1/machines/{id}/provision"),
+        &srv.operator,
+    )
+    .json(&json!({}))
+    .answer()
+    .await
+    .expect_status(StatusCode::OK);
     let st: Value = srv
         .req(
             Method::GET,
             &format!("/api/v1/machines/{id}/config"),
             &srv.viewer,
         )
-        .send()
+        .answer()
         .await
-        .expect("status")
-        .json()
-        .await
-        .expect("json");
+        .json();
     let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
     let cache = plinth::images::ImageCache::new(srv.data_dir.join("images"));
     let k = tmp.path().join("k");
@@ -950,12 +904,9 @@ async fn a_machine_without_a_uuid_binds_the_first_one(b: Backend) {
     assert_eq!(bound[0]["detail"]["smbios_uuid"], first);
     let m: Value = srv
         .req(Method::GET, &format!("/api/v1/machines/{id}"), &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("machine")
-        .json()
-        .await
-        .expect("json");
+        .json();
     assert_eq!(m["smbios_uuid"], first, "recorded in the inventory");
     // The next boot of the window presents another UUID: refused, an anomaly.
     let token = token_of(&boot_script(&srv).await);

@@ -14,7 +14,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 
-use crate::support::{self, Backend, TestServer};
+use crate::support::{self, Ask as _, Backend, TestServer};
 use crate::talos_configs::{
     apply_dir, boot_script, fetch, schemas, token_of, write_inventory, UUID,
 };
@@ -59,23 +59,19 @@ async fn workflows(srv: &TestServer, extra: &str) -> Workflows {
 
 async fn get(srv: &TestServer, path: &str) -> Value {
     srv.req(Method::GET, path, &srv.viewer)
-        .send()
+        .answer()
         .await
-        .expect("get")
         .json()
-        .await
-        .expect("json")
 }
 
 async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
     let r = srv
         .req(Method::POST, path, &srv.operator)
         .json(&body)
-        .send()
-        .await
-        .expect("post");
-    let st = r.status();
-    (st, r.json().await.unwrap_or(Value::Null))
+        .answer()
+        .await;
+    let st = r.status;
+    (st, r.json())
 }
 
 async fn state(srv: &TestServer, id: &str, to: &str, reason: Option<&str>) {
@@ -140,7 +136,7 @@ async fn reinstall_without_bmc_reaches_installed(b: Backend) {
         )
         .send()
         .await
-        .expect("stream");
+        .expect("the stream opens");
     assert_eq!(stream.status(), StatusCode::OK);
 
     // A registered machine cannot be reinstalled yet (409 naming its state).
@@ -372,7 +368,14 @@ async fn control_planes_one_at_a_time(b: Backend) {
         ids.push(id);
     }
     for id in &ids {
-        state(&srv, id, "failed", Some("health check: node not ready")).await;
+        // A monitor's report, for the cluster's policy to act on (a person's `failed` is not).
+        let (st, body) = post(
+            &srv,
+            &format!("/api/v1/machines/{id}/state"),
+            json!({"state": "failed", "reason": "health check: node not ready", "auto_reinstall": true}),
+        )
+        .await;
+        assert_eq!(st, StatusCode::OK, "{body}");
     }
     let w = workflows(&srv, &extra).await;
     let provisioning = |list: &Value| -> Vec<String> {

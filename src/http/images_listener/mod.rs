@@ -13,7 +13,8 @@
 //! ranges (RFC 9110 section 14), `ETag`/`If-None-Match`. Refuses: request bodies (400, then the
 //! connection closes), other methods (405), other paths (404), malformed heads (400) and heads
 //! over the size limit (431). Heads that arrive too slowly and idle connections are closed; so is
-//! a connection whose client stops reading. Imports nothing of the other front doors.
+//! a connection whose client stops reading. Connections are capped in all and per client address
+//! (`super::slots`). Imports nothing of the other front doors.
 
 mod head;
 mod sendfile;
@@ -25,12 +26,12 @@ use std::time::{Duration, Instant};
 use axum::http::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::boot::{image_refusal, IMAGE_ROUTE};
 use super::files::{self, Conditions};
+use super::slots::Slots;
 use super::AppState;
 use crate::service::provisioning::ImageRequest;
 use head::{Head, HeadError, Method, ResponseHead};
@@ -48,6 +49,8 @@ pub struct Limits {
     pub send_stall: Duration,
     /// Connections served at once; more wait in the listen backlog.
     pub max_connections: usize,
+    /// Connections one client address may hold open; more are closed at once.
+    pub max_per_client: usize,
 }
 
 impl Default for Limits {
@@ -58,8 +61,57 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             send_stall: Duration::from_secs(60),
             max_connections: 1024,
+            max_per_client: 64,
         }
     }
+}
+
+/// What the door makes of the bytes at the start of a connection's buffer, without I/O: the fuzz
+/// target `fuzz/fuzz_targets/image_head.rs` drives it with arbitrary bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeadReading {
+    /// Bytes of the buffer the head took.
+    pub used: usize,
+    /// The image the path names (schematic, version, file), decoded.
+    pub image: Option<(String, String, String)>,
+    /// The status of the answer for a file of the given length.
+    pub status: u16,
+    /// First byte of the file sent, and how many.
+    pub start: u64,
+    /// Bytes of the body sent.
+    pub body_len: u64,
+    /// The `Content-Length` answered.
+    pub content_length: Option<u64>,
+    /// Whether the connection stays open after the answer.
+    pub keep_alive: bool,
+}
+
+/// Read one request head from `buf` as the door does (heads over `max` bytes refused) and answer
+/// it as for a file of `file_len` bytes: `Ok(None)` when more bytes are needed, `Err(status)` for
+/// a head the door refuses.
+pub fn read_head_bytes(buf: &[u8], max: usize, file_len: u64) -> Result<Option<HeadReading>, u16> {
+    let Some((h, used)) = head::parse(buf, max).map_err(|e| e.status().as_u16())? else {
+        return Ok(None);
+    };
+    let a = files::answer(
+        file_len,
+        None,
+        None,
+        Conditions {
+            head: h.method == Method::Head,
+            if_none_match: h.if_none_match.as_deref(),
+            range: h.range.as_deref(),
+        },
+    );
+    Ok(Some(HeadReading {
+        used,
+        image: head::image_path(&h.path),
+        status: a.status.as_u16(),
+        start: a.start,
+        body_len: a.body_len,
+        content_length: a.content_length,
+        keep_alive: h.keep_alive,
+    }))
 }
 
 /// Errors of the image door's accept loop.
@@ -83,15 +135,21 @@ pub async fn serve(
     limits: Limits,
     shutdown: CancellationToken,
 ) -> Result<(), ImageDoorError> {
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let refused = prometheus_client::metrics::counter::Counter::default();
+    state.metrics.register(
+        "images_connections_refused",
+        "Image-door connections closed at once: their client had its share open already",
+        refused.clone(),
+    );
+    let slots = Slots::new(limits.max_connections, limits.max_per_client, refused);
     let front = Arc::new(Front { state, limits });
     let mut connections = JoinSet::new();
     loop {
-        let permit = tokio::select! {
+        let free = tokio::select! {
             _ = shutdown.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
+            f = slots.free() => match f {
+                Some(f) => f,
+                None => break,
             },
         };
         let accepted = tokio::select! {
@@ -107,10 +165,14 @@ pub async fn serve(
                 continue;
             }
         };
+        let Some(slot) = slots.take(free, peer.ip()) else {
+            tracing::debug!(%peer, "image door: too many connections from this client; closed");
+            continue;
+        };
         while connections.try_join_next().is_some() {}
         let (front, stop) = (front.clone(), shutdown.clone());
         connections.spawn(async move {
-            let _permit = permit;
+            let _slot = slot;
             connection(stream, peer, &front, &stop).await;
         });
     }
@@ -143,7 +205,7 @@ async fn connection(
                 let status = e.status();
                 let bytes = empty(status, &[]).finish(false, false);
                 let _ = write(&mut stream, &bytes, front.limits.send_stall).await;
-                observe(front, "unknown", "unmatched", status, started);
+                observe(front, "", None, status, started);
                 linger(stream).await;
                 return;
             }
@@ -197,11 +259,13 @@ fn empty(status: StatusCode, extra: &[(&str, &str)]) -> ResponseHead {
         .header("Content-Length", "0")
 }
 
-fn observe(front: &Front, method: &str, route: &str, status: StatusCode, started: Instant) {
+/// Count an answer; `route` is `None` for a path that is no image's (labels from a closed set:
+/// `metrics::observe`).
+fn observe(front: &Front, method: &str, route: Option<&str>, status: StatusCode, started: Instant) {
     super::metrics::observe(
         &front.state.metrics,
-        method.to_string(),
-        route.to_string(),
+        method,
+        route,
         status.as_u16(),
         started,
     );
@@ -218,24 +282,24 @@ async fn answer(
     let started = Instant::now();
     let method = h.method.as_str();
     let keep = h.keep_alive;
-    let refuse = |status: StatusCode, route: &str, extra: &[(&str, &str)], keep: bool| {
+    let refuse = |status: StatusCode, route: Option<&str>, extra: &[(&str, &str)], keep: bool| {
         observe(front, method, route, status, started);
         empty(status, extra).finish(keep, h.http10)
     };
     if h.has_body {
         // Nothing here takes a body; reading past one to find the next head is not worth it.
-        let bytes = refuse(StatusCode::BAD_REQUEST, "unmatched", &[], false);
+        let bytes = refuse(StatusCode::BAD_REQUEST, None, &[], false);
         let _ = write(stream, &bytes, front.limits.send_stall).await;
         return After::Close;
     }
     let Some((schematic, version, file)) = head::image_path(&h.path) else {
-        let bytes = refuse(StatusCode::NOT_FOUND, "unmatched", &[], keep);
+        let bytes = refuse(StatusCode::NOT_FOUND, None, &[], keep);
         return write_then(stream, &bytes, keep, front.limits.send_stall).await;
     };
     if matches!(h.method, Method::Other(_)) {
         let bytes = refuse(
             StatusCode::METHOD_NOT_ALLOWED,
-            IMAGE_ROUTE,
+            Some(IMAGE_ROUTE),
             &[("Allow", "GET, HEAD")],
             keep,
         );
@@ -251,12 +315,12 @@ async fn answer(
     let opened = match front.state.provisioning.image(&r).await {
         Ok(found) => files::open(&found.path).await.map(|f| (f, found.sha256)),
         Err(refusal) => {
-            let bytes = refuse(image_refusal(refusal), IMAGE_ROUTE, &[], keep);
+            let bytes = refuse(image_refusal(refusal), Some(IMAGE_ROUTE), &[], keep);
             return write_then(stream, &bytes, keep, front.limits.send_stall).await;
         }
     };
     let Some(((f, meta), digest)) = opened else {
-        let bytes = refuse(StatusCode::NOT_FOUND, IMAGE_ROUTE, &[], keep);
+        let bytes = refuse(StatusCode::NOT_FOUND, Some(IMAGE_ROUTE), &[], keep);
         return write_then(stream, &bytes, keep, front.limits.send_stall).await;
     };
     let a = files::answer(
@@ -295,7 +359,7 @@ async fn answer(
     // An answer under way finishes when the server stops (bounded by the stall limit).
     let sent = sent.await;
     let _ = socket2::SockRef::from(&*stream).set_cork(false);
-    observe(front, method, IMAGE_ROUTE, a.status, started);
+    observe(front, method, Some(IMAGE_ROUTE), a.status, started);
     match sent {
         Ok(()) => {
             tracing::info!(

@@ -61,8 +61,9 @@ pub struct ConfigService {
 
 impl ConfigService {
     /// Over the config objects, the event log and the leases (where a config request may come
-    /// from), sealing with `secrets`, validating against the schemas in `schema_dir`
-    /// (`config.schema.v<major>.<minor>[.<patch>].json`).
+    /// from), sealing with `secrets`, validating against the schemas embedded in the
+    /// binary, or the one in `schema_dir` (`config.schema.v<major>.<minor>[.<patch>].json`) where
+    /// it has one for the release.
     pub fn new(
         configs: Arc<dyn ConfigStore>,
         events: Arc<dyn EventStore>,

@@ -52,22 +52,29 @@ impl std::fmt::Debug for RenderedMachine {
 pub(super) type ValidatorCache = HashMap<(u32, u32), Arc<SchemaValidator>>;
 
 impl ConfigService {
-    fn validator(&self, version: TalosVersion) -> Result<Option<Arc<SchemaValidator>>, String> {
-        let Some(dir) = &self.schema_dir else {
-            return Ok(None);
-        };
+    /// The schema of `version`: the configured schema directory's file for that release if it
+    /// has one, else the schema embedded in the binary.
+    fn validator(&self, version: TalosVersion) -> Result<Arc<SchemaValidator>, String> {
         let key = (version.major, version.minor);
         if let Ok(cache) = self.validators.lock() {
             if let Some(v) = cache.get(&key) {
-                return Ok(Some(v.clone()));
+                return Ok(v.clone());
             }
         }
-        let path = schema_file(dir, version)?;
-        let v = Arc::new(SchemaValidator::load(&path, version).map_err(|e| e.to_string())?);
+        let configured = match &self.schema_dir {
+            Some(dir) => schema_file(dir, version).ok(),
+            None => None,
+        };
+        let v = match configured {
+            Some(path) => SchemaValidator::load(&path, version),
+            None => SchemaValidator::embedded(version),
+        }
+        .map_err(|e| e.to_string())?;
+        let v = Arc::new(v);
         if let Ok(mut cache) = self.validators.lock() {
             cache.insert(key, v.clone());
         }
-        Ok(Some(v))
+        Ok(v)
     }
 
     /// Render and validate the config of a machine described by `spec`, from `sources` and the
@@ -198,13 +205,7 @@ impl ConfigService {
         warnings.extend(rendered.warnings);
 
         let mut violations = match self.validator(version) {
-            Ok(Some(v)) => v.check(&rendered.config),
-            Ok(None) => {
-                warnings.push(
-                    "no Talos schema directory is configured ([talos] schema_dir): checked Talos' own rules only".into(),
-                );
-                Vec::new()
-            }
+            Ok(v) => v.check(&rendered.config),
             Err(e) => return Err(MachineConfigError::Invalid(vec![e])),
         };
         violations.extend(check_semantics(&rendered.config, version));

@@ -92,8 +92,10 @@ pub trait MachineStore: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// Move a machine from state `from` to `to` (with a reason, or none) if it is still in `from`
-    /// (and at `expected_version`, when given), with its event, in one transaction. Bumps the
+    /// (and at `expected_version`, when given), with its event, in one transaction; the event's
+    /// actor is recorded as who set the state, and `manual_hold` whether a person did. Bumps the
     /// version. `VersionMismatch` when the machine moved on meanwhile.
+    #[allow(clippy::too_many_arguments)]
     async fn set_state(
         &self,
         id: MachineId,
@@ -101,6 +103,7 @@ pub trait MachineStore: Send + Sync + 'static {
         from: LifecycleState,
         to: LifecycleState,
         reason: Option<&str>,
+        manual_hold: bool,
         event: &NewEvent,
     ) -> Result<Machine, StoreError>;
 

@@ -26,6 +26,8 @@ pub enum Stage {
     Done,
     /// Failed (see `error`).
     Failed,
+    /// Stopped by a person (see `cancelled_by`); the machine is left in `maintenance`.
+    Cancelled,
 }
 
 impl Stage {
@@ -38,12 +40,13 @@ impl Stage {
             Stage::TalosApi => "talos_api",
             Stage::Done => "done",
             Stage::Failed => "failed",
+            Stage::Cancelled => "cancelled",
         }
     }
 
     /// Still running.
     pub fn is_active(self) -> bool {
-        !matches!(self, Stage::Done | Stage::Failed)
+        !matches!(self, Stage::Done | Stage::Failed | Stage::Cancelled)
     }
 }
 
@@ -57,6 +60,7 @@ impl std::str::FromStr for Stage {
             "talos_api" => Stage::TalosApi,
             "done" => Stage::Done,
             "failed" => Stage::Failed,
+            "cancelled" => Stage::Cancelled,
             other => return Err(format!("`{other}` is not a reinstall stage")),
         })
     }
@@ -92,6 +96,8 @@ pub struct Reinstall {
     pub finished_at: Option<DateTime<Utc>>,
     /// Why it failed.
     pub error: Option<String>,
+    /// Who cancelled it (an event actor, e.g. `token:alice`).
+    pub cancelled_by: Option<String>,
 }
 
 /// Reinstalls, one row per machine.

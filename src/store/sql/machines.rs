@@ -23,7 +23,7 @@ use crate::store::{like_pattern, parse_enum, CHUNK};
 
 const MACHINE_COLS: &str = "m.id, m.hostname, m.smbios_uuid, m.serial, m.asset_tag, \
     m.manufacturer, m.model, m.site, m.rack, m.rack_unit, m.role, m.cluster, m.profile, \
-    m.state, m.state_reason, m.created_at, m.updated_at, m.version";
+    m.state, m.state_reason, m.state_by, m.manual_hold, m.created_at, m.updated_at, m.version";
 
 fn machine_row(r: &Row) -> Result<Machine, StoreError> {
     let role: Option<String> = r.try_get("role")?;
@@ -47,6 +47,8 @@ fn machine_row(r: &Row) -> Result<Machine, StoreError> {
         profile: r.try_get("profile")?,
         state: parse_enum("state", &state)?,
         state_reason: r.try_get("state_reason")?,
+        state_by: r.try_get("state_by")?,
+        manual_hold: r.try_get("manual_hold")?,
         interfaces: Vec::new(),
         disks: Vec::new(),
         bmc: None,
@@ -455,11 +457,13 @@ impl MachineStore for Store {
         from: LifecycleState,
         to: LifecycleState,
         reason: Option<&str>,
+        manual_hold: bool,
         event: &NewEvent,
     ) -> Result<Machine, StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
         let done = sqlx::query(
-            "UPDATE machines SET state = $1, state_reason = $2, updated_at = $3, version = version + 1 \
+            "UPDATE machines SET state = $1, state_reason = $2, state_by = $7, manual_hold = $8, \
+             updated_at = $3, version = version + 1 \
              WHERE id = $4 AND state = $5 AND ($6 IS NULL OR version = $6)",
         )
         .bind(to.as_str())
@@ -468,9 +472,10 @@ impl MachineStore for Store {
         .bind(id.0)
         .bind(from.as_str())
         .bind(expected_version)
+        .bind(&event.actor)
+        .bind(manual_hold)
         .execute(&mut *tx)
-        .await
-        ?;
+        .await?;
         if done.rows_affected() == 0 {
             let v: Option<i64> = sqlx::query_scalar("SELECT version FROM machines WHERE id = $1")
                 .bind(id.0)

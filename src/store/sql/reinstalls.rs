@@ -12,7 +12,7 @@ use crate::store::parse_enum;
 
 const REINSTALL_COLS: &str =
     "machine_id, stage, stage_started_at, stage_deadline, wipe, automatic, \
-    attempt, event_mark, node_address, requested_by, started_at, finished_at, error";
+    attempt, event_mark, node_address, requested_by, started_at, finished_at, error, cancelled_by";
 
 fn reinstall_row(r: &Row) -> Result<Reinstall, StoreError> {
     let stage: String = r.try_get("stage")?;
@@ -31,6 +31,7 @@ fn reinstall_row(r: &Row) -> Result<Reinstall, StoreError> {
         started_at: r.try_get("started_at")?,
         finished_at: r.try_get("finished_at")?,
         error: r.try_get("error")?,
+        cancelled_by: r.try_get("cancelled_by")?,
     })
 }
 
@@ -48,7 +49,7 @@ impl ReinstallStore for Store {
 
     async fn active_reinstalls(&self) -> Result<Vec<Reinstall>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {REINSTALL_COLS} FROM reinstalls WHERE stage NOT IN ('done', 'failed') ORDER BY started_at"
+            "SELECT {REINSTALL_COLS} FROM reinstalls WHERE stage NOT IN ('done', 'failed', 'cancelled') ORDER BY started_at"
         ))
         .fetch_all(&self.read)
         .await
@@ -59,12 +60,13 @@ impl ReinstallStore for Store {
     async fn start_reinstall(&self, r: &Reinstall, event: &NewEvent) -> Result<bool, StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
         let res = sqlx::query(&format!(
-            "INSERT INTO reinstalls ({REINSTALL_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+            "INSERT INTO reinstalls ({REINSTALL_COLS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14) \
              ON CONFLICT (machine_id) DO UPDATE SET stage = excluded.stage, stage_started_at = excluded.stage_started_at, \
              stage_deadline = excluded.stage_deadline, wipe = excluded.wipe, automatic = excluded.automatic, \
              attempt = excluded.attempt, event_mark = excluded.event_mark, node_address = excluded.node_address, \
              requested_by = excluded.requested_by, started_at = excluded.started_at, finished_at = excluded.finished_at, \
-             error = excluded.error WHERE reinstalls.stage IN ('done', 'failed')"
+             error = excluded.error, cancelled_by = excluded.cancelled_by \
+             WHERE reinstalls.stage IN ('done', 'failed', 'cancelled')"
         ))
         .bind(r.machine_id.0)
         .bind(r.stage.as_str())
@@ -79,6 +81,7 @@ impl ReinstallStore for Store {
         .bind(r.started_at)
         .bind(r.finished_at)
         .bind(&r.error)
+        .bind(&r.cancelled_by)
         .execute(&mut *tx)
         .await
         ?;
@@ -99,7 +102,7 @@ impl ReinstallStore for Store {
         let (_turn, mut tx) = self.begin_write().await?;
         let res = sqlx::query(
             "UPDATE reinstalls SET stage = $1, stage_started_at = $2, stage_deadline = $3, node_address = $4, \
-             finished_at = $5, error = $6 WHERE machine_id = $7 AND stage = $8",
+             finished_at = $5, error = $6, cancelled_by = $7 WHERE machine_id = $8 AND stage = $9",
         )
         .bind(r.stage.as_str())
         .bind(r.stage_started_at)
@@ -107,6 +110,7 @@ impl ReinstallStore for Store {
         .bind(&r.node_address)
         .bind(r.finished_at)
         .bind(&r.error)
+        .bind(&r.cancelled_by)
         .bind(r.machine_id.0)
         .bind(from.as_str())
         .execute(&mut *tx)

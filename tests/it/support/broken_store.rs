@@ -148,11 +148,12 @@ impl MachineStore for BrokenStore {
         from: LifecycleState,
         to: LifecycleState,
         reason: Option<&str>,
+        manual_hold: bool,
         event: &NewEvent,
     ) -> Result<Machine, StoreError> {
         let s = self.port(Port::Machines)?;
         s.machines
-            .set_state(id, expected_version, from, to, reason, event)
+            .set_state(id, expected_version, from, to, reason, manual_hold, event)
             .await
     }
 

@@ -1,5 +1,31 @@
 //! Test support: a Plinth server on port 0 over SQLite (a temp dir) or PostgreSQL (a fresh database
 //! per test on the server named by DATABASE_URL), with tokens of every role.
+//!
+//! ## Requests: one helper
+//! Every HTTP request of a test is built with reqwest and read whole with [`Ask::answer`]:
+//! ```ignore
+//! use support::Ask as _;
+//! let m = s
+//!     .req(Method::POST, "/api/v1/machines", &s.operator) // client + bearer token
+//!     .json(&body)                                        // any builder step: headers, body...
+//!     .answer()                                           // send, read status, headers, body
+//!     .await
+//!     .expect_status(StatusCode::CREATED)                 // the failure names request and body
+//!     .json();                                            // the body as JSON (null when empty)
+//! ```
+//! [`Answer`] has `status`, `headers`, `body` (bytes) and `text` as fields for everything else
+//! (`r.header("etag")`, `assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text)`).
+//!
+//! ## Shared fixtures
+//! [`TestServer`] (and [`TestDb`] for tests that start the binary themselves), [`Backend`] with
+//! `both_backends!`, [`lease_claim`], [`wait_until`]. The submodules hold the larger harnesses:
+//! network namespaces (`netns`, `lan`, `vm_lab`), real peers (`peers`, `bmc_peers`, `qemu_bmc`,
+//! `talos_node`, `vm_image`) and the failing store (`broken_store`).
+//!
+//! ## Re-exec entry points
+//! Some harnesses run this test binary again as another process (a UDP agent in a namespace, a
+//! BMC, a node's Talos API inside a VM). They enter through the one ignored item
+//! `support::reexec::entry` (see [`reexec`]); it is not a test and is never counted as one.
 #![allow(dead_code, missing_docs)]
 
 pub mod bmc_peers;
@@ -8,6 +34,7 @@ pub mod lan;
 pub mod netns;
 pub mod peers;
 pub mod qemu_bmc;
+pub mod reexec;
 pub mod talos_node;
 pub mod vm_image;
 pub mod vm_lab;
@@ -17,8 +44,93 @@ use std::path::PathBuf;
 use plinth::app::Running;
 use plinth::config::{Overrides, RawConfig};
 use plinth::service::ApiRole;
-use reqwest::Client;
+use reqwest::{Client, StatusCode};
+use serde_json::Value;
 use uuid::Uuid;
+
+/// The whole answer to one HTTP request, read at once.
+#[derive(Debug)]
+pub struct Answer {
+    /// `METHOD path?query` of the request, for failure messages.
+    pub request: String,
+    pub status: StatusCode,
+    pub headers: reqwest::header::HeaderMap,
+    /// The body as it came.
+    pub body: Vec<u8>,
+    /// The body as text (invalid UTF-8 replaced).
+    pub text: String,
+}
+
+impl Answer {
+    /// Assert the status; the failure names the request, both statuses and the body.
+    #[track_caller]
+    pub fn expect_status(self, status: StatusCode) -> Answer {
+        assert_eq!(
+            self.status, status,
+            "{}: expected {status}, got {}: {}",
+            self.request, self.status, self.text
+        );
+        self
+    }
+
+    /// The body as JSON; `null` when it is empty. Panics, naming the request, when it is not JSON.
+    #[track_caller]
+    pub fn json(&self) -> Value {
+        if self.text.is_empty() {
+            return Value::Null;
+        }
+        serde_json::from_str(&self.text).unwrap_or_else(|e| {
+            panic!(
+                "{}: {} with a body that is not JSON ({e}): {}",
+                self.request, self.status, self.text
+            )
+        })
+    }
+
+    /// One header's value as text (empty when absent).
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+    }
+}
+
+/// `.answer()` on a request builder: send the request and read the whole answer. Transport
+/// failures panic naming the request.
+pub trait Ask {
+    fn answer(self) -> impl std::future::Future<Output = Answer> + Send;
+}
+
+impl Ask for reqwest::RequestBuilder {
+    async fn answer(self) -> Answer {
+        let (client, request) = self.build_split();
+        let request = request.expect("a well-formed request");
+        let url = request.url();
+        let what = match url.query() {
+            Some(q) => format!("{} {}?{q}", request.method(), url.path()),
+            None => format!("{} {}", request.method(), url.path()),
+        };
+        let r = client
+            .execute(request)
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let status = r.status();
+        let headers = r.headers().clone();
+        let body = r
+            .bytes()
+            .await
+            .unwrap_or_else(|e| panic!("{what}: reading the body: {e}"))
+            .to_vec();
+        Answer {
+            request: what,
+            status,
+            headers,
+            text: String::from_utf8_lossy(&body).into_owned(),
+            body,
+        }
+    }
+}
 
 /// A lease claim for `mac` on `ip` in `subnet`, valid for ten minutes from now.
 pub fn lease_claim(
@@ -255,6 +367,8 @@ impl TestServer {
         format!("{}{path}", self.base)
     }
 
+    /// A request to `path` on the main port with `token` as its bearer token; send it with
+    /// [`Ask::answer`].
     pub fn req(&self, method: reqwest::Method, path: &str, token: &str) -> reqwest::RequestBuilder {
         self.client
             .request(method, self.url(path))

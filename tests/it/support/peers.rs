@@ -16,7 +16,7 @@ use super::lan::{wait_for_line, Host, Lan};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
-/// Environment variable that turns the `netns_agent` test into the agent.
+/// Environment variable that turns the re-executed test binary (`support::reexec`) into the agent.
 pub const AGENT_ENV: &str = "PLINTH_NETNS_AGENT";
 
 /// A Plinth process on the segment.
@@ -250,17 +250,11 @@ impl Agent {
     pub fn start(lan: &Lan, host: &Host, port: u16) -> Agent {
         let exe = std::env::current_exe().expect("test binary");
         let mut cmd = lan.cmd(host, exe.to_str().expect("utf-8 path"));
-        cmd.args([
-            "--exact",
-            "dhcp_peers::netns_agent",
-            "--nocapture",
-            "--test-threads=1",
-            "-q",
-        ])
-        .env(AGENT_ENV, format!("{} {port}", host.ifname))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+        cmd.args(super::reexec::ARGS)
+            .env(AGENT_ENV, format!("{} {port}", host.ifname))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
         let mut child = cmd.spawn().expect("agent starts");
         let stdin = child.stdin.take().expect("stdin");
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
@@ -312,7 +306,7 @@ impl Drop for Agent {
     }
 }
 
-/// The agent side: runs inside the namespace (see `netns_agent` in the test file).
+/// The agent side: runs inside the namespace (entered through `support::reexec`).
 pub fn agent_main(spec: &str) {
     use socket2::{Domain, Protocol, Socket, Type};
     let (ifname, port) = spec.split_once(' ').expect("IFNAME PORT");

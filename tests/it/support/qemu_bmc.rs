@@ -29,10 +29,9 @@ use tokio::sync::Mutex;
 
 use super::vm_lab::{wait_for_line, Lab};
 
-/// Environment variable naming the spec file; it turns [`ENTRY`] into the BMC.
+/// Environment variable naming the spec file; it turns the re-executed test binary
+/// (`support::reexec`) into the BMC.
 pub const BMC_ENV: &str = "PLINTH_QEMU_BMC";
-/// The test that becomes the BMC when this binary is re-executed with [`BMC_ENV`].
-pub const ENTRY: &str = "reinstall_e2e::qemu_bmc_process";
 
 const ROOT: &str = "/redfish/v1";
 const SYSTEM: &str = "/redfish/v1/Systems/vm";
@@ -95,13 +94,7 @@ impl QemuBmc {
         let spec_arg = spec_path.display().to_string();
         lab.spawn_env(
             exe.to_str().expect("utf-8 path"),
-            &[
-                "--exact".into(),
-                ENTRY.into(),
-                "--nocapture".into(),
-                "--test-threads=1".into(),
-                "-q".into(),
-            ],
+            &super::reexec::ARGS.map(String::from),
             &[(BMC_ENV, spec_arg.as_str())],
             &log,
         );

@@ -48,10 +48,9 @@ use tonic::{Code, Request, Response, Status};
 use cluster::cluster_service_server::{ClusterService, ClusterServiceServer};
 use machine::machine_service_server::{MachineService, MachineServiceServer};
 
-/// Names a JSON [`ProcessSpec`] when the test binary is re-executed as a node.
+/// Names a JSON [`ProcessSpec`] when the test binary is re-executed as a node (through
+/// `support::reexec`).
 pub const NODE_ENV: &str = "PLINTH_TEST_TALOS_NODE";
-/// The test that becomes the node.
-pub const ENTRY: &str = "support::talos_node::talos_node_process";
 
 /// Talos' rules for the methods served here (machined's authorizer): which roles may call.
 fn allowed(method: &str) -> &'static [&'static str] {
@@ -1076,12 +1075,4 @@ pub fn run_process(spec_path: &str) {
             }
         }
     });
-}
-
-/// Not a test of its own: the node when this binary is re-executed with [`NODE_ENV`].
-#[test]
-fn talos_node_process() {
-    if let Ok(spec) = std::env::var(NODE_ENV) {
-        run_process(&spec);
-    }
 }

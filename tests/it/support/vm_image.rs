@@ -262,7 +262,7 @@ if [ "$mode" = talos ]; then
     [ -x /bin/talos-node ] || off "plinth.standin=talos, but the image has no Talos API service"
     echo '{"config": "/config.yaml", "listen": "0.0.0.0:50000"}' > /node.json
     PLINTH_TEST_TALOS_NODE=/node.json LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/lib64 \
-        /bin/talos-node --exact @ENTRY@ --nocapture --test-threads=1 &
+        /bin/talos-node @ENTRY@ &
     idle "Talos API service started on 50000 with the fetched config"
 fi
 if [ "$mode" = listen ]; then
@@ -378,7 +378,7 @@ fn build_image(dir: &Path, report_url: &str, talos_api: bool) -> TalosStandIn {
     let init = INIT
         .replace("@MODULES@", &names.join(" "))
         .replace("@REPORT@", report_url)
-        .replace("@ENTRY@", super::talos_node::ENTRY);
+        .replace("@ENTRY@", &super::reexec::ARGS.join(" "));
     cpio.file("init", 0o755, init.as_bytes());
     let archive = cpio.finish();
 

@@ -1,13 +1,16 @@
 //! Validation of a rendered machine config before it is ever served: against the JSON schema of
-//! its target Talos release ([`SchemaValidator`], loaded from a schema file whose path the caller
-//! configures), and against the rules Talos applies itself ([`check_semantics`]): a valid
+//! its target Talos release ([`SchemaValidator`]; the schemas of the supported releases are
+//! embedded in the binary from `talos-schemas/`, and a configured schema file may add or override
+//! one), and against the rules Talos applies itself ([`check_semantics`]): a valid
 //! `machine.type`, CA private keys only on control planes, an https control-plane endpoint, VIPs
 //! only on control planes, an install disk or disk selector.
 //!
 //! Every [`Violation`] names its document and YAML path. Each document is checked against the
 //! schema definition of its own kind (found by `apiVersion`/`kind`), so errors point at the
-//! offending key instead of a top-level "matches none of oneOf". This module reads only the schema
-//! file it is given and imports nothing outside `crate::talos`.
+//! offending key instead of a top-level "matches none of oneOf". Where Talos' published schema
+//! disagrees with Talos' own decoder (misspelled or missing kinds), the decoder wins
+//! ([`DECODER_KINDS`]). This module reads only the schema file it is given and imports nothing
+//! outside `crate::talos`.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -70,29 +73,251 @@ pub struct ValidationReport {
     pub warnings: Vec<Violation>,
 }
 
-/// v1alpha1 fields that Talos still accepts but whose JSON schema no longer lists them
-/// (deprecated, hidden from the docs), with what replaces them. Reported as warnings when the
-/// target schema calls them unexpected. Found by comparing the schemas of 1.11, 1.12 and 1.13
-/// and Talos' `docgen:nodoc` deprecated fields.
-pub const DEPRECATED_FIELDS: &[(&str, &str)] = &[
-    ("persist", "no replacement: configs are always persisted"),
-    ("machine.install.bootloader", "no replacement: it never had an effect"),
-    ("machine.install.extensions", "replaced by system extensions in an Image Factory schematic"),
-    ("machine.install.extraKernelArgs", "replaced by extra kernel arguments in an Image Factory schematic"),
-    ("machine.features.rbac", "no replacement: RBAC is always on"),
-    ("machine.features.stableHostname", "replaced by the HostnameConfig document"),
-    ("machine.features.apidCheckExtKeyUsage", "no replacement: always checked"),
-    ("cluster.apiServer.disablePodSecurityPolicy", "no replacement: PodSecurityPolicy is gone from Kubernetes"),
-    ("machine.network", "replaced by the multi-document network configuration (LinkConfig, HostnameConfig, ResolverConfig, ...)"),
-    ("machine.network.hostname", "replaced by the HostnameConfig document"),
-    ("machine.network.interfaces", "replaced by LinkConfig, LinkAliasConfig, DHCPv4Config, VLANConfig and BondConfig documents"),
-    ("machine.network.nameservers", "replaced by the ResolverConfig document"),
-    ("machine.network.searchDomains", "replaced by the ResolverConfig document"),
-    ("machine.network.disableSearchDomain", "replaced by the ResolverConfig document"),
-    ("machine.network.extraHostEntries", "replaced by StaticHostConfig documents"),
-    ("machine.registries", "replaced by RegistryMirrorConfig, RegistryAuthConfig and RegistryTLSConfig documents"),
-    ("machine.time", "replaced by the TimeSyncConfig document"),
-    ("machine.env", "replaced by the Environment document"),
+/// The shape of the v1alpha1 document as some schema describes it: which keys a mapping may hold,
+/// whether it is a map of free keys, what a list holds.
+#[derive(Debug, Default)]
+struct FieldTree {
+    keys: HashMap<String, FieldTree>,
+    /// A mapping of free keys (`additionalProperties`/`patternProperties` with a schema).
+    any_key: Option<Box<FieldTree>>,
+    items: Option<Box<FieldTree>>,
+}
+
+impl FieldTree {
+    fn from_def(root: &serde_json::Value, node: &serde_json::Value, depth: usize) -> FieldTree {
+        let mut tree = FieldTree::default();
+        if depth > 16 {
+            return tree;
+        }
+        let node = match node
+            .get("$ref")
+            .and_then(|r| r.as_str())
+            .and_then(|r| r.strip_prefix("#/$defs/"))
+        {
+            Some(name) => match root.get("$defs").and_then(|d| d.get(name)) {
+                Some(def) => def,
+                None => return tree,
+            },
+            None => node,
+        };
+        if let Some(props) = node.get("properties").and_then(|p| p.as_object()) {
+            for (k, v) in props {
+                tree.keys
+                    .insert(k.clone(), FieldTree::from_def(root, v, depth + 1));
+            }
+        }
+        let free = node
+            .get("additionalProperties")
+            .filter(|v| v.is_object())
+            .or_else(|| {
+                node.get("patternProperties")
+                    .and_then(|p| p.as_object())
+                    .and_then(|p| p.values().next())
+            });
+        if let Some(v) = free {
+            tree.any_key = Some(Box::new(FieldTree::from_def(root, v, depth + 1)));
+        }
+        if let Some(v) = node.get("items") {
+            tree.items = Some(Box::new(FieldTree::from_def(root, v, depth + 1)));
+        }
+        tree
+    }
+
+    /// Whether this shape has a place at `tokens` (JSON pointer tokens).
+    fn knows(&self, tokens: &[String]) -> bool {
+        let Some((first, rest)) = tokens.split_first() else {
+            return true;
+        };
+        if first.parse::<usize>().is_ok() {
+            if let Some(items) = &self.items {
+                return items.knows(rest);
+            }
+        }
+        if self.keys.is_empty() && self.any_key.is_none() && self.items.is_none() {
+            // A leaf, or an object of free form (e.g. `extraConfig`).
+            return true;
+        }
+        match (self.keys.get(first), &self.any_key) {
+            (Some(t), _) => t.knows(rest),
+            (None, Some(t)) => t.knows(rest),
+            (None, None) => false,
+        }
+    }
+}
+
+/// The v1alpha1 shapes of the embedded schemas, by minor release.
+fn v1alpha1_trees() -> &'static [(u32, FieldTree)] {
+    static TREES: OnceLock<Vec<(u32, FieldTree)>> = OnceLock::new();
+    TREES.get_or_init(|| {
+        EMBEDDED_SCHEMAS
+            .iter()
+            .filter_map(|(_, minor, _, text)| {
+                let schema: serde_json::Value = serde_json::from_str(text).ok()?;
+                let def = schema.get("$defs")?.get("v1alpha1.Config")?;
+                Some((*minor, FieldTree::from_def(&schema, def, 0)))
+            })
+            .collect()
+    })
+}
+
+/// Whether a v1alpha1 field that the schema of `version` does not list is one Talos still
+/// decodes. Talos hides deprecated fields from its docs and schema (`docgen:nodoc` in
+/// `pkg/machinery/config/types/v1alpha1/v1alpha1_types.go`) but keeps them in the struct it
+/// decodes into, and that struct only grew from 1.11 to 1.14: so a field an earlier release's
+/// schema documents is still accepted. Talos' verdict on such a field is "accepted", silently
+/// (the few it warns about are rules of [`check_semantics`]).
+fn hidden_v1alpha1_field(version: TalosVersion, tokens: &[String]) -> bool {
+    let under = |prefix: &str| {
+        let parts: Vec<&str> = prefix.split('.').collect();
+        parts.len() <= tokens.len()
+            && parts
+                .iter()
+                .zip(tokens)
+                .all(|(p, t)| *p == t.as_str() || (*p == "[]" && t.parse::<usize>().is_ok()))
+    };
+    version.major == 1
+        && (HIDDEN_SINCE_1_11.iter().any(|p| under(p))
+            || v1alpha1_trees()
+                .iter()
+                .any(|(minor, tree)| *minor <= version.minor && tree.knows(tokens)))
+}
+
+/// The places under a hidden field (at `tokens`, holding `value`) that Talos does not decode.
+fn unknown_under(
+    version: TalosVersion,
+    tokens: &mut Vec<String>,
+    value: &serde_json::Value,
+    out: &mut Vec<Vec<String>>,
+) {
+    let children: Vec<(String, &serde_json::Value)> = match value {
+        serde_json::Value::Object(m) => m.iter().map(|(k, v)| (k.clone(), v)).collect(),
+        serde_json::Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i.to_string(), v))
+            .collect(),
+        _ => return,
+    };
+    for (k, v) in children {
+        tokens.push(k);
+        if hidden_v1alpha1_field(version, tokens) {
+            unknown_under(version, tokens, v, out);
+        } else {
+            out.push(tokens.clone());
+        }
+        tokens.pop();
+    }
+}
+
+/// `["machine", "interfaces", "0", "mtu"]` -> `machine.interfaces[0].mtu`.
+fn tokens_to_path(tokens: &[String]) -> String {
+    let mut s = String::new();
+    for t in tokens {
+        if t.parse::<usize>().is_ok() {
+            s.push_str(&format!("[{t}]"));
+        } else {
+            if !s.is_empty() {
+                s.push('.');
+            }
+            s.push_str(t);
+        }
+    }
+    if s.is_empty() {
+        s.push_str("(document root)");
+    }
+    s
+}
+
+/// v1alpha1 fields that no embedded schema documents but that Talos 1.11 to 1.14 decode: the
+/// fields tagged `docgen:nodoc` in `pkg/machinery/config/types/v1alpha1/v1alpha1_types.go` at
+/// v1.11.6 (whole subtrees). `talosctl gen config` itself still writes `persist: true`.
+const HIDDEN_SINCE_1_11: &[&str] = &[
+    "persist",
+    "machine.disks",
+    "machine.systemDiskEncryption",
+    "machine.install.extensions",
+    "machine.install.bootloader",
+    "machine.network.interfaces.[].cidr",
+    "machine.network.interfaces.[].vlans.[].cidr",
+    "cluster.allowSchedulingOnMasters",
+    "cluster.etcd.subnet",
+];
+
+/// The Talos JSON schemas embedded in the binary: (major, minor, the release tag the file was
+/// taken from, the schema text). The files are `pkg/machinery/config/schemas/config.schema.json`
+/// of siderolabs/talos at those tags (MPL-2.0; see `talos-schemas/NOTICE`).
+const EMBEDDED_SCHEMAS: &[(u32, u32, &str, &str)] = &[
+    (
+        1,
+        11,
+        "v1.11.6",
+        include_str!("../../../talos-schemas/v1.11.json"),
+    ),
+    (
+        1,
+        12,
+        "v1.12.11",
+        include_str!("../../../talos-schemas/v1.12.json"),
+    ),
+    (
+        1,
+        13,
+        "v1.13.9",
+        include_str!("../../../talos-schemas/v1.13.json"),
+    ),
+    (
+        1,
+        14,
+        "v1.14.0-rc.1",
+        include_str!("../../../talos-schemas/v1.14.json"),
+    ),
+];
+
+/// The Talos minor releases whose schema ships in the binary, with the tag it was taken from.
+pub fn embedded_schema_versions() -> impl Iterator<Item = (TalosVersion, &'static str)> {
+    EMBEDDED_SCHEMAS
+        .iter()
+        .map(|(major, minor, tag, _)| (TalosVersion::new(*major, *minor, 0), *tag))
+}
+
+/// How a kind that Talos' decoder accepts is found in Talos' published schema.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SchemaEntry {
+    /// The schema spells the kind differently; check the document against that definition.
+    SpelledAs(&'static str),
+    /// The schema has no definition: only the document's own rules apply.
+    Missing,
+}
+
+/// Document kinds Talos' decoder registers (`registry.Register` in
+/// `pkg/machinery/config/types/*/`) that its published `config.schema.json` misspells or lacks:
+/// (apiVersion, kind, first minor release, entry). The decoder decides what Talos accepts, so
+/// these kinds are accepted and, where the schema has them under another name, checked against
+/// that definition. Found by comparing each release's registry with its schema's `oneOf`.
+pub const DECODER_KINDS: &[(&str, &str, u32, SchemaEntry)] = &[
+    // pkg/machinery/config/types/network/kubespan_endpoints.go registers
+    // `KubeSpanEndpointsConfig`; the schema's enum says `KubeSpanEndpoints` (1.11 to 1.14).
+    (
+        "v1alpha1",
+        "KubeSpanEndpointsConfig",
+        11,
+        SchemaEntry::SpelledAs("KubeSpanEndpoints"),
+    ),
+    // pkg/machinery/config/types/security/image_verification.go (1.13+) is in no schema.
+    (
+        "v1alpha1",
+        "ImageVerificationConfig",
+        13,
+        SchemaEntry::Missing,
+    ),
+    // pkg/machinery/config/types/runtime/unattended_install.go registers
+    // `UnattendedInstallConfig`; the 1.14 schema's enum says `UnattendedInstall`.
+    (
+        "v1alpha1",
+        "UnattendedInstallConfig",
+        14,
+        SchemaEntry::SpelledAs("UnattendedInstall"),
+    ),
 ];
 
 /// Why validation could not run, or found problems.
@@ -124,6 +349,14 @@ pub enum ValidateError {
         /// The release asked for.
         version: TalosVersion,
     },
+    /// No schema of this release ships with Plinth and none was configured.
+    #[error("no Talos schema for {version}: Plinth ships the schemas of Talos {supported}; for another release put its config.schema.json in the directory named by [talos] schema_dir (or pass --schema)")]
+    NoSchema {
+        /// The release asked for.
+        version: TalosVersion,
+        /// The releases whose schemas are embedded.
+        supported: String,
+    },
     /// The config has problems.
     #[error(transparent)]
     Invalid(#[from] ValidationReport),
@@ -135,6 +368,11 @@ pub struct SchemaValidator {
     schema: serde_json::Value,
     /// (apiVersion, kind) -> `$defs` name; the v1alpha1 document is ("", "v1alpha1").
     kinds: HashMap<(String, String), String>,
+    /// Kinds whose schema definition spells `kind` differently: (apiVersion, kind) -> the
+    /// spelling the definition's enum wants.
+    respelled: HashMap<(String, String), String>,
+    /// Kinds Talos decodes that the schema does not define: only their own rules apply.
+    unchecked: Vec<(String, String)>,
     compiled: HashMap<String, OnceLock<Result<jsonschema::Validator, String>>>,
 }
 
@@ -176,6 +414,28 @@ impl SchemaValidator {
         Ok(Self::from_schema(schema, version))
     }
 
+    /// The schema of `version` embedded in the binary.
+    pub fn embedded(version: TalosVersion) -> Result<Self, ValidateError> {
+        let Some((_, _, tag, text)) = EMBEDDED_SCHEMAS
+            .iter()
+            .find(|(major, minor, _, _)| *major == version.major && *minor == version.minor)
+        else {
+            return Err(ValidateError::NoSchema {
+                version,
+                supported: embedded_schema_versions()
+                    .map(|(v, _)| format!("{}.{}", v.major, v.minor))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        let schema: serde_json::Value =
+            serde_json::from_str(text).map_err(|source| ValidateError::SchemaJson {
+                path: PathBuf::from(format!("(embedded schema of Talos {tag})")),
+                source,
+            })?;
+        Ok(Self::from_schema(schema, version))
+    }
+
     /// Use an already parsed schema (no version check).
     pub fn from_schema(schema: serde_json::Value, version: TalosVersion) -> Self {
         let mut kinds = HashMap::new();
@@ -212,6 +472,29 @@ impl SchemaValidator {
             };
             kinds.insert(key, name.to_string());
         }
+        let mut respelled = HashMap::new();
+        let mut unchecked = Vec::new();
+        for (api, kind, first_minor, entry) in DECODER_KINDS {
+            if version.major != 1 || version.minor < *first_minor {
+                continue;
+            }
+            let key = (api.to_string(), kind.to_string());
+            if kinds.contains_key(&key) {
+                continue;
+            }
+            match entry {
+                SchemaEntry::SpelledAs(spelling) => {
+                    // The misspelled kind is not one Talos decodes: it leaves the table.
+                    if let Some(def) = kinds.remove(&(api.to_string(), spelling.to_string())) {
+                        kinds.insert(key.clone(), def);
+                        respelled.insert(key, spelling.to_string());
+                    } else {
+                        unchecked.push(key);
+                    }
+                }
+                SchemaEntry::Missing => unchecked.push(key),
+            }
+        }
         let compiled = kinds
             .values()
             .map(|n| (n.clone(), OnceLock::new()))
@@ -220,6 +503,8 @@ impl SchemaValidator {
             version,
             schema,
             kinds,
+            respelled,
+            unchecked,
             compiled,
         }
     }
@@ -262,7 +547,11 @@ impl SchemaValidator {
                 source: RuleSource::Schema,
                 severity: Severity::Error,
             };
-            let Some(def) = self.kinds.get(&(id.api_version.clone(), id.kind.clone())) else {
+            let key = (id.api_version.clone(), id.kind.clone());
+            if self.unchecked.contains(&key) {
+                continue;
+            }
+            let Some(def) = self.kinds.get(&key) else {
                 out.push(v(
                     "kind",
                     format!(
@@ -273,7 +562,14 @@ impl SchemaValidator {
                 continue;
             };
             let json = match serde_json::to_value(doc) {
-                Ok(j) => j,
+                Ok(mut j) => {
+                    if let (Some(spelling), Some(obj)) =
+                        (self.respelled.get(&key), j.as_object_mut())
+                    {
+                        obj.insert("kind".into(), serde_json::Value::String(spelling.clone()));
+                    }
+                    j
+                }
                 Err(e) => {
                     out.push(v(
                         "(document root)",
@@ -295,31 +591,34 @@ impl SchemaValidator {
                                 continue;
                             }
                         };
+                        let at: Vec<String> = pointer_tokens(e.instance_path().as_str());
                         for key in unexpected {
-                            let full = if path == "(document root)" {
-                                key.clone()
+                            let mut tokens = at.clone();
+                            tokens.push(key.clone());
+                            let mut unknown = Vec::new();
+                            if hidden_v1alpha1_field(self.version, &tokens) {
+                                // Hidden, but its own fields must still be ones Talos decodes.
+                                let value = json.pointer(&format!(
+                                    "{}/{}",
+                                    e.instance_path().as_str(),
+                                    key.replace('~', "~0").replace('/', "~1")
+                                ));
+                                if let Some(value) = value {
+                                    unknown_under(self.version, &mut tokens, value, &mut unknown);
+                                }
                             } else {
-                                format!("{path}.{key}")
-                            };
-                            let rule_path = strip_indices(&full);
-                            match DEPRECATED_FIELDS.iter().find(|(p, _)| *p == rule_path) {
-                                Some((_, instead)) => out.push(Violation {
-                                    severity: Severity::Warning,
-                                    ..v(
-                                        &full,
-                                        format!(
-                                            "deprecated: Talos {} still accepts it but no longer documents it ({instead})",
-                                            self.version
-                                        ),
-                                    )
-                                }),
-                                None => out.push(v(
+                                unknown.push(tokens);
+                            }
+                            for tokens in unknown {
+                                let full = tokens_to_path(&tokens);
+                                let field = tokens.last().cloned().unwrap_or_default();
+                                out.push(v(
                                     &full,
                                     format!(
-                                        "unknown field `{key}` (not in the Talos {} schema)",
+                                        "unknown field `{field}` (Talos {} does not decode it)",
                                         self.version
                                     ),
-                                )),
+                                ));
                             }
                         }
                     }
@@ -334,42 +633,17 @@ impl SchemaValidator {
     }
 }
 
-/// `machine.network.interfaces[0].mtu` -> `machine.network.interfaces[].mtu`.
-fn strip_indices(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    let mut in_index = false;
-    for c in path.chars() {
-        match c {
-            '[' => {
-                in_index = true;
-                out.push_str("[]");
-            }
-            ']' => in_index = false,
-            c if !in_index => out.push(c),
-            _ => {}
-        }
-    }
-    out
+/// `/machine/a~1b/0` -> `["machine", "a/b", "0"]` (RFC 6901 unescaping).
+fn pointer_tokens(p: &str) -> Vec<String> {
+    p.split('/')
+        .skip(1)
+        .map(|t| t.replace("~1", "/").replace("~0", "~"))
+        .collect()
 }
 
 /// `/machine/network/interfaces/0/mtu` -> `machine.network.interfaces[0].mtu`.
 fn pointer_to_path(p: &str) -> String {
-    let mut s = String::new();
-    for t in p.split('/').skip(1) {
-        let t = t.replace("~1", "/").replace("~0", "~");
-        if t.parse::<usize>().is_ok() {
-            s.push_str(&format!("[{t}]"));
-        } else {
-            if !s.is_empty() {
-                s.push('.');
-            }
-            s.push_str(&t);
-        }
-    }
-    if s.is_empty() {
-        s.push_str("(document root)");
-    }
-    s
+    tokens_to_path(&pointer_tokens(p))
 }
 
 /// Check a config against the schema and Talos' own rules. `Ok` carries the warnings; `Err`
@@ -387,6 +661,15 @@ pub fn validate(
     } else {
         Err(ValidationReport { errors, warnings })
     }
+}
+
+/// [`validate`] against the schema of `version` embedded in the binary.
+pub fn validate_embedded(
+    config: &MachineConfig,
+    version: TalosVersion,
+) -> Result<Vec<Violation>, ValidateError> {
+    let schema = SchemaValidator::embedded(version)?;
+    validate(config, &schema).map_err(ValidateError::Invalid)
 }
 
 /// Load the schema of `version` from `schema_path` and [`validate`] against it.
