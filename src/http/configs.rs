@@ -108,7 +108,8 @@ pub struct WindowOpened {
 }
 
 /// Open the machine's provisioning window: its config must render and validate (422 naming why
-/// not); the machine becomes `provisioning`, and its next network boot installs Talos with a
+/// not); its cluster's Talos image is checked (a warning when it is not cached; the pull starts
+/// when a factory is configured); the machine becomes `provisioning`, and its next network boot installs Talos with a
 /// token minted for that boot.
 #[utoipa::path(post, path = "/api/v1/machines/{id}/provision", tag = "configs", request_body = OpenWindow,
     params(("id" = String, Path, description = "inventory id or host name")),
@@ -129,6 +130,8 @@ pub async fn open(
         return Err(crate::service::ServiceError::Invalid(e).into());
     }
     let m = s.inventory.resolve(&id).await?;
+    // The image first: a pull it needs starts now rather than at the machine's first boot.
+    let image = s.provisioning.prepare_image(&m).await?;
     let (window, rendered) = s
         .configs
         .open_window(
@@ -146,10 +149,12 @@ pub async fn open(
             }
         })?;
     tracing::info!(machine = %m.id, actor = %caller.actor(), expires_at = %window.expires_at, "provisioning window opened");
+    let mut warnings = rendered.warnings;
+    warnings.extend(image);
     Ok(Json(WindowOpened {
         window,
         sha256: rendered.sha256,
-        warnings: rendered.warnings,
+        warnings,
     }))
 }
 

@@ -30,8 +30,10 @@ pub struct ReinstallRequest {
     pub wipe: bool,
 }
 
-/// Reinstall a machine: open its provisioning window, set a one-time network boot and
-/// power-cycle it through its BMC (or tell the tech to), then follow the boot to `installed`,
+/// Reinstall a machine: check its cluster's Talos image (a warning in `warnings` when it is not
+/// cached; the pull starts when a factory is configured), open its provisioning window, set a
+/// one-time network boot and power-cycle it through its BMC (or tell the tech to), then follow
+/// the boot to `installed`,
 /// each stage with a deadline. Refused with 409 when a reinstall is already running or the safety
 /// rules say no (one control plane of a cluster at a time, workers per rack), 422 when its config
 /// does not render or validate.
@@ -47,7 +49,10 @@ pub async fn start(
 ) -> Result<(axum::http::StatusCode, Json<Started>), ApiError> {
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
-    let started = s.workflows.start(m.id, req.wipe, &caller.actor()).await?;
+    // The image first: a pull it needs starts now rather than at the machine's first boot.
+    let image = s.provisioning.prepare_image(&m).await?;
+    let mut started = s.workflows.start(m.id, req.wipe, &caller.actor()).await?;
+    started.warnings.extend(image);
     Ok((axum::http::StatusCode::ACCEPTED, Json(started)))
 }
 

@@ -16,7 +16,7 @@ use crate::domain::dhcp::Arch;
 mod pull;
 pub use pull::{ImagePuller, Progress, PullError};
 
-use crate::service::ports::{CachedImage, ImageFetchError, TalosImages};
+use crate::service::ports::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 
 /// Image Factory's id of the schematic without customizations (`customization: {}`).
 pub const VANILLA_SCHEMATIC: &str =
@@ -82,11 +82,12 @@ impl TalosImages for ImageDepot {
         schematic: &str,
         version: &str,
         file: &str,
+        progress: Option<FetchProgress>,
     ) -> Result<(), ImageFetchError> {
         let Some(puller) = &self.puller else {
             return Err(ImageFetchError::NoSource);
         };
-        match puller.ensure(schematic, version, file, None).await {
+        match puller.ensure(schematic, version, file, progress).await {
             Ok(_) => Ok(()),
             Err(PullError::Cache(ImageError::Invalid { .. })) => Err(ImageFetchError::Invalid(
                 format!("{schematic}/{version}/{file}"),

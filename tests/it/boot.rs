@@ -260,7 +260,8 @@ async fn boot_scripts_discover_unknown_machines() {
     }
     let text = get(&s, q).await.text;
     assert!(
-        text.contains("no Talos image and machine config are ready"),
+        text.contains("window closed: SN-0099 has no open provisioning window")
+            && text.contains("plinth machine provision SN-0099"),
         "{text}"
     );
     s.req(

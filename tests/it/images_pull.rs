@@ -20,12 +20,12 @@ use crate::talos_configs::{apply_dir, schemas, write_inventory};
 const VERSION: &str = "v1.12.11";
 
 #[derive(Clone, Default)]
-struct Factory {
-    hits: Arc<Mutex<HashMap<String, usize>>>,
+pub(crate) struct Factory {
+    pub(crate) hits: Arc<Mutex<HashMap<String, usize>>>,
     served: Arc<AtomicUsize>,
 }
 
-fn kernel() -> Vec<u8> {
+pub(crate) fn kernel() -> Vec<u8> {
     let mut k: Vec<u8> = (0..3_000_000u32)
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
@@ -33,7 +33,7 @@ fn kernel() -> Vec<u8> {
     k
 }
 
-fn initramfs() -> Vec<u8> {
+pub(crate) fn initramfs() -> Vec<u8> {
     let mut x: Vec<u8> = (0..1_500_000u32)
         .map(|i| (i.wrapping_mul(40_503) >> 7) as u8)
         .collect();
@@ -74,7 +74,7 @@ async fn image(
 
 use futures::StreamExt as _;
 
-async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
+pub(crate) async fn factory() -> (String, Factory, tokio::task::JoinHandle<()>) {
     let f = Factory::default();
     let app = axum::Router::new()
         .route(
@@ -258,12 +258,21 @@ async fn on_demand_pull_is_single_flight() {
     assert!(f.hits.lock().expect("hits").is_empty());
 
     // Two hundred machines at once ask for the kernel that is not cached yet, half of them
-    // through the image door.
+    // through the image door. They come from eight source addresses (as machines do from their
+    // own), so the doors' per-client connection cap does not turn them away.
     let want = sha(&kernel());
+    let clients: Vec<reqwest::Client> = (1..=8u8)
+        .map(|n| {
+            reqwest::Client::builder()
+                .local_address(std::net::IpAddr::from([127, 0, 1, n]))
+                .build()
+                .expect("client")
+        })
+        .collect();
     let mut tasks = Vec::new();
     for i in 0..200 {
         let (c, u) = (
-            srv.client.clone(),
+            clients[i % clients.len()].clone(),
             format!("{}/images/{schematic}/{VERSION}/kernel-amd64", doors[i % 2]),
         );
         tasks.push(tokio::spawn(async move {

@@ -3,6 +3,7 @@
 //! `crate::images`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
@@ -14,6 +15,9 @@ pub struct CachedImage {
     /// Its SHA-256 (hex), when recorded.
     pub sha256: Option<String>,
 }
+
+/// Told as a download goes: (file name, bytes so far, total when announced).
+pub type FetchProgress = Arc<dyn Fn(&str, u64, Option<u64>) + Send + Sync>;
 
 /// Why a missing image could not be fetched.
 #[derive(Debug, thiserror::Error)]
@@ -46,11 +50,13 @@ pub trait TalosImages: Send + Sync + 'static {
     /// Where missing images are downloaded from, when anywhere.
     fn source(&self) -> Option<String>;
 
-    /// Download `file` into the cache (once however many callers ask at the same time).
+    /// Download `file` into the cache (once however many callers ask at the same time), telling
+    /// `progress` as bytes arrive.
     async fn fetch(
         &self,
         schematic: &str,
         version: &str,
         file: &str,
+        progress: Option<FetchProgress>,
     ) -> Result<(), ImageFetchError>;
 }

@@ -9,7 +9,7 @@
 use std::net::IpAddr;
 
 use super::identity::BootIdentity;
-use super::images::{image_files, Readiness};
+use super::images::{image_files, pull_command, Readiness};
 use super::ProvisioningService;
 use crate::domain::boot::{
     arch_of_buildarch, decide, error_script, generic_script, machine_script, BootPlan,
@@ -40,6 +40,8 @@ pub enum ScriptOutcome {
     BadRequest,
     /// Plinth cannot decide now (a store fault): 503, with a script that retries.
     Unavailable,
+    /// An unknown machine past a discovery bound: 429, with a script that retries later.
+    Deferred,
 }
 
 /// A script and how it went.
@@ -50,6 +52,9 @@ pub struct ScriptAnswer {
     /// The iPXE script.
     pub script: String,
 }
+
+/// Seconds an unknown machine past a discovery bound waits before it asks again.
+const DEFERRED_RETRY_SECS: u32 = 60;
 
 /// Seconds between polls of a machine whose install waits for something.
 const HOLD_RETRY_SECS: u32 = 30;
@@ -78,10 +83,19 @@ impl ProvisioningService {
         let (m, discovered) = match self
             .inner
             .identities
-            .find_or_discover(&self.inner.inventory, mac, &req.who)
+            .find_or_discover(&self.inner.inventory, mac, &req.who, req.peer)
             .await
         {
-            Ok(x) => x,
+            Ok(Some(x)) => x,
+            Ok(None) => {
+                return ScriptAnswer {
+                    outcome: ScriptOutcome::Deferred,
+                    script: error_script(
+                        "too many unknown machines are booting: not registered yet, retrying",
+                        Some(DEFERRED_RETRY_SECS),
+                    ),
+                };
+            }
             Err(e) => {
                 tracing::error!(error = %e, %mac, "boot: machine look-up failed");
                 // A fault is a 5xx: iPXE's generic script retries.
@@ -112,7 +126,14 @@ impl ProvisioningService {
             return decide(m, None);
         }
         match self.install_assets(m, arch, base, peer).await {
-            Ok(assets) => decide(m, assets),
+            Ok(Some(assets)) => decide(m, Some(assets)),
+            Ok(None) => BootPlan::Hold {
+                reason: format!(
+                    "window closed: {name} has no open provisioning window (none was opened, or it expired or was closed): open one with `plinth machine provision {name}`, or stop with `plinth machine reinstall {name} --cancel`",
+                    name = m.display_name()
+                ),
+                retry_secs: HOLD_RETRY_SECS,
+            },
             Err(reason) => BootPlan::Hold {
                 reason,
                 retry_secs: HOLD_RETRY_SECS,
@@ -131,13 +152,20 @@ impl ProvisioningService {
         peer: IpAddr,
     ) -> Result<Option<InstallAssets>, String> {
         let ready = |version: &str, schematic: &str| {
-            match self.readiness(schematic, version, arch) {
+            match self.readiness(
+            schematic,
+            version,
+            arch,
+            Some(m.id),
+        ) {
             Readiness::Ready => Ok(()),
             Readiness::Missing { file } => Err(format!(
-                "Talos {version} {file} of schematic {schematic} is not in the image cache: plinth image import or pull it"
+                "image not cached: Talos {version} {file} of schematic {schematic} is not in the image cache and no Image Factory is configured: run `{}` (or `plinth image import`)",
+                pull_command(schematic, version, arch)
             )),
             Readiness::Pulling { file, source } => Err(format!(
-                "Talos {version} {file} of schematic {schematic} is not in the image cache yet: downloading it from {source}"
+                "image not cached yet: Talos {version} {file} of schematic {schematic} is being downloaded from {source} (kernel and initramfs, once; image.pull_progress events); `{}` does the same by hand",
+                pull_command(schematic, version, arch)
             )),
         }
         };
@@ -189,8 +217,16 @@ impl ProvisioningService {
             "plan": plan.name(), "mac": mac, "from": req.peer.to_string(),
             "platform": req.who.platform, "buildarch": req.who.buildarch, "state": m.state,
         });
-        if let (BootPlan::Hold { reason, .. }, serde_json::Value::Object(o)) = (plan, &mut detail) {
-            o.insert("reason".into(), reason.clone().into());
+        let reason = match plan {
+            BootPlan::Hold { reason, .. } => Some(reason.clone()),
+            BootPlan::Discovery => Some(format!(
+                "unknown machine: waiting for an operator to accept it (`plinth machine state {} registered`)",
+                mac
+            )),
+            _ => None,
+        };
+        if let (Some(reason), serde_json::Value::Object(o)) = (reason, &mut detail) {
+            o.insert("reason".into(), reason.into());
         }
         let event = NewEvent {
             machine_id: Some(m.id),
