@@ -167,29 +167,162 @@ pub fn workflows(
     )
 }
 
-/// Load the secret key from the environment, the key file, or the data directory (creating it
-/// there, mode 0600, on first start).
+/// Load the secret key from the environment, the key file, or the data directory, without looking
+/// at the database: a key file readable by group or others, or a missing one, is refused (only
+/// `checked_secret_box` creates a key, and only over a database that holds nothing sealed).
 pub fn secret_box(config: &Config) -> anyhow::Result<SecretBox> {
-    let text = match config.require_secret_key()? {
+    match load_key(config.require_secret_key()?)? {
+        Some(sb) => Ok(sb),
+        None => Err(missing_key(config, None)),
+    }
+}
+
+/// The secret key, checked against the fingerprint the database records (`StoreHealth`): a key
+/// that does not match (a wrong key, or another instance's on a shared PostgreSQL) is refused, and
+/// so is a missing data-directory key over a database that holds sealed values or a fingerprint.
+/// Only over a database with neither is a missing data-directory key created (mode 0600). With
+/// `record`, a database without a fingerprint gets this key's; without it (commands that only
+/// read) nothing is written.
+pub async fn checked_secret_box(
+    config: &Config,
+    stores: &Stores,
+    record: bool,
+) -> anyhow::Result<SecretBox> {
+    let source = config.require_secret_key()?;
+    let health = &stores.health;
+    let on_record = health
+        .key_fingerprint()
+        .await
+        .context("cannot read the secret key's fingerprint from the database")?;
+    let sb = match load_key(source)? {
+        Some(sb) => sb,
+        None => {
+            let sealed = health
+                .holds_sealed_values()
+                .await
+                .context("cannot check the database for sealed values")?;
+            if on_record.is_some() || sealed || !record {
+                return Err(missing_key(config, on_record.as_deref()));
+            }
+            let SecretKeySource::DataDir(p) = source else {
+                return Err(missing_key(config, None));
+            };
+            let key = SecretBox::generate_key_text();
+            write_private(p, &key)
+                .with_context(|| format!("cannot create secret key {}", p.display()))?;
+            tracing::info!(path = %p.display(), "generated a new secret key; back it up: without it stored secrets cannot be read");
+            SecretBox::from_text(&key).context("secret key")?
+        }
+    };
+    let expected = match on_record {
+        Some(f) => Some(f),
+        None if record => Some(
+            health
+                .claim_key_fingerprint(sb.fingerprint())
+                .await
+                .context("cannot record the secret key's fingerprint in the database")?,
+        ),
+        None => None,
+    };
+    if let Some(expected) = expected {
+        if expected != sb.fingerprint() {
+            anyhow::bail!(
+                "the secret key from {} is not the key this database's secrets are sealed with \
+                 (database {}: key fingerprint {}…, this key {}…): every instance sharing a database \
+                 must use the same key; restore the original key (from your backup) rather than \
+                 making a new one, which would leave every stored secret unreadable",
+                describe_source(source),
+                store::redact_url(&config.database_url),
+                short(&expected),
+                short(sb.fingerprint())
+            );
+        }
+    }
+    Ok(sb)
+}
+
+/// The first 16 hex digits of a fingerprint, for messages.
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..16).unwrap_or(fingerprint)
+}
+
+/// Where a key comes from, for messages.
+fn describe_source(source: &SecretKeySource) -> String {
+    match source {
+        SecretKeySource::Env => SECRET_KEY_ENV.to_string(),
+        SecretKeySource::File(p) => format!("secrets.key_file {}", p.display()),
+        SecretKeySource::DataDir(p) => p.display().to_string(),
+    }
+}
+
+/// The refusal for a missing data-directory key.
+fn missing_key(config: &Config, on_record: Option<&str>) -> anyhow::Error {
+    let path = match config.secret_key.as_ref() {
+        Some(s) => describe_source(s),
+        None => "secrets.key_file".into(),
+    };
+    let database = store::redact_url(&config.database_url);
+    match on_record {
+        Some(fp) => anyhow::anyhow!(
+            "no secret key at {path}, but the database {database} holds secrets sealed with a key \
+             (fingerprint {}…): restore that key file from your backup; Plinth does not make a new \
+             key over sealed secrets, which would leave them unreadable",
+            short(fp)
+        ),
+        None => anyhow::anyhow!(
+            "no secret key at {path}: restore the key file from your backup (the database \
+             {database} may hold secrets sealed with it), or start `plinth serve` once over an \
+             empty database to create one"
+        ),
+    }
+}
+
+/// The key of `source`; `None` when the data-directory key does not exist. A key file (given or
+/// in the data directory) that group or others may read is refused with the fix.
+fn load_key(source: &SecretKeySource) -> anyhow::Result<Option<SecretBox>> {
+    let text = match source {
         SecretKeySource::Env => std::env::var(SECRET_KEY_ENV)
             .with_context(|| format!("{SECRET_KEY_ENV} is not valid UTF-8"))?,
-        SecretKeySource::File(p) => std::fs::read_to_string(p)
-            .with_context(|| format!("cannot read secrets.key_file {}", p.display()))?,
-        SecretKeySource::DataDir(p) => match std::fs::read_to_string(p) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let key = SecretBox::generate_key_text();
-                write_private(p, &key)
-                    .with_context(|| format!("cannot create secret key {}", p.display()))?;
-                tracing::info!(path = %p.display(), "generated a new secret key; back it up: without it stored BMC passwords cannot be read");
-                key
+        SecretKeySource::File(p) => {
+            check_private(p, "secrets.key_file")?;
+            std::fs::read_to_string(p)
+                .with_context(|| format!("cannot read secrets.key_file {}", p.display()))?
+        }
+        SecretKeySource::DataDir(p) => match std::fs::metadata(p) {
+            Ok(_) => {
+                check_private(p, "the secret key")?;
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("cannot read secret key {}", p.display()))?
             }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
                 return Err(e).with_context(|| format!("cannot read secret key {}", p.display()))
             }
         },
     };
-    SecretBox::from_text(&text).context("secret key")
+    SecretBox::from_text(&text)
+        .map(Some)
+        .with_context(|| format!("secret key from {}", describe_source(source)))
+}
+
+/// Refuse a key file that group or others may read (or write).
+fn check_private(path: &std::path::Path, what: &str) -> anyhow::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let meta = std::fs::metadata(path)
+            .with_context(|| format!("cannot read {what} {}", path.display()))?;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            anyhow::bail!(
+                "{what} {} has mode {mode:04o}: group and others must not read a secret key; \
+                 run `chmod 600 {}`",
+                path.display(),
+                path.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
@@ -351,11 +484,13 @@ where
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let stores = open_store(config, true).await?;
+    checked_secret_box(config, &stores, true).await?;
     spawn_with_stores(config, stores).await
 }
 
-/// Start serving over stores already opened: `spawn` after it opened the configured database,
-/// and tests that serve over another implementation of the ports (a store that fails).
+/// Start serving over stores already opened: `spawn` after it opened the configured database and
+/// checked the secret key against it, and tests that serve over another implementation of the
+/// ports (a store that fails).
 pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Result<Running> {
     let secrets = secret_box(config)?;
     let nofile = raise_nofile();
@@ -431,17 +566,20 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         }
     }
     let dhcp_engine = config.dhcp.as_ref().map(|d| {
-        Arc::new(DhcpService::new(
-            stores.leases.clone(),
-            d.subnets.clone(),
-            crate::domain::dhcp::BootFiles {
-                http_base: d.boot_url.clone(),
-            },
-            LeaseTiming {
-                offer_ms: i64::from(d.offer_seconds) * 1000,
-                decline_ms: i64::from(d.decline_seconds) * 1000,
-            },
-        ))
+        Arc::new(
+            DhcpService::new(
+                stores.leases.clone(),
+                d.subnets.clone(),
+                crate::domain::dhcp::BootFiles {
+                    http_base: d.boot_url.clone(),
+                },
+                LeaseTiming {
+                    offer_ms: i64::from(d.offer_seconds) * 1000,
+                    decline_ms: i64::from(d.decline_seconds) * 1000,
+                },
+            )
+            .with_timeline(timeline.clone()),
+        )
     });
     let secrets_for_configs = secrets.clone();
     let inventory = inventory(&stores, secrets);

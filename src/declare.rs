@@ -77,6 +77,9 @@ struct ClusterDoc {
     /// `auto` (default) or `manual`.
     #[serde(default)]
     bootstrap: Option<crate::service::ports::configs::BootstrapMode>,
+    /// `token` (default) or `approve`.
+    #[serde(default)]
+    delivery: Option<crate::service::ports::configs::Delivery>,
 }
 
 #[derive(Deserialize)]
@@ -421,6 +424,7 @@ impl Loader {
                 kernel_args: d.kernel_args,
                 reinstall: d.reinstall,
                 bootstrap: d.bootstrap,
+                delivery: d.delivery,
             },
             secret,
         ));

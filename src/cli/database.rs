@@ -151,9 +151,11 @@ pub(crate) async fn store(
     Ok(store)
 }
 
-/// The secret key; a command that only reads never creates it.
-pub(crate) fn secret_box(
+/// The secret key, checked against the database's fingerprint; a command that only reads never
+/// creates it nor records its fingerprint.
+pub(crate) async fn secret_box(
     settings: &Settings,
+    stores: &crate::service::Stores,
     access: Access,
     command: &str,
 ) -> anyhow::Result<SecretBox> {
@@ -168,7 +170,7 @@ pub(crate) fn secret_box(
             );
         }
     }
-    crate::app::secret_box(&settings.config)
+    crate::app::checked_secret_box(&settings.config, stores, access == Access::Write).await
 }
 
 /// The config service and the inventory on the configured database and secret key.
@@ -181,7 +183,7 @@ pub(crate) async fn services(
     // The key's absence is a settings error: say it before touching the database.
     settings.config.require_secret_key()?;
     let stores = store(settings, access, command, json_out).await?;
-    let secrets = secret_box(settings, access, command)?;
+    let secrets = secret_box(settings, &stores, access, command).await?;
     Ok((
         crate::app::config_service(
             &stores,

@@ -154,6 +154,33 @@ pub enum MachineCommand {
         #[arg(long)]
         follow: bool,
     },
+    /// The relay circuit a machine's DHCP is pinned to (the first relay and option-82 circuit
+    /// seen for it); `--relay IP [--circuit-id HEX]` moves it (say, to another switch port),
+    /// `--clear` lets its next relayed request pin the circuit it comes through.
+    Circuit {
+        /// The machine.
+        machine: String,
+        /// The relay agent's address (giaddr) to pin to.
+        #[arg(long, conflicts_with = "clear")]
+        relay: Option<String>,
+        /// Option 82 circuit id as hex (e.g. `4769312f302f37` for Gi1/0/7).
+        #[arg(long, requires = "relay")]
+        circuit_id: Option<String>,
+        /// Option 82 remote id as hex (recorded, not compared).
+        #[arg(long, requires = "relay")]
+        remote_id: Option<String>,
+        /// Remove the pin.
+        #[arg(long)]
+        clear: bool,
+    },
+    /// Approve the release of a machine's config for its current install boot (clusters with
+    /// `delivery: approve`): CODE is what the machine's console shows.
+    Approve {
+        /// The machine.
+        machine: String,
+        /// The code on the machine's console, e.g. `K7QP-3MZX`.
+        code: String,
+    },
     /// Whether a machine's config renders, its digest, warnings and provisioning window.
     Config {
         /// The machine.
@@ -452,6 +479,20 @@ fn print_list(items: &[Value], wide: bool) -> Vec<&'static str> {
         .collect()
 }
 
+/// A relay circuit pin in words.
+fn circuit_text(p: &Value) -> String {
+    let circuit = match p["circuit_id"].as_str() {
+        Some(c) => format!("circuit {c}"),
+        None => "no circuit id".into(),
+    };
+    format!(
+        "relay {} {circuit} (pinned by {} at {})",
+        s(&p["relay"]),
+        s(&p["pinned_by"]),
+        s(&p["pinned_at"])
+    )
+}
+
 fn print_machine(m: &Value) {
     let mut t = table();
     for k in [
@@ -493,6 +534,9 @@ fn print_machine(m: &Value) {
                 }
             ),
         ]);
+    }
+    if m["dhcp_circuit"].is_object() {
+        t.add_row(["dhcp_circuit".to_string(), circuit_text(&m["dhcp_circuit"])]);
     }
     for n in m["interfaces"].as_array().into_iter().flatten() {
         let boot = if n["boot"] == json!(true) {
@@ -644,8 +688,54 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             }
         }
         MachineCommand::Show { machine } => {
-            let (_, m) = api.get_machine(&machine).await?;
+            let (_, mut m) = api.get_machine(&machine).await?;
+            let id = s(&m["id"]);
+            let (_, pin) = api
+                .send(api.req(Method::GET, &format!("/machines/{id}/dhcp-circuit")))
+                .await?;
+            if let Value::Object(o) = &mut m {
+                o.insert("dhcp_circuit".into(), pin["dhcp_circuit"].clone());
+            }
             emit(json_out, &m, print_machine);
+        }
+        MachineCommand::Approve { machine, code } => {
+            let id = api.machine_id(&machine).await?;
+            api.send(
+                api.req(Method::POST, &format!("/machines/{id}/config/approve"))
+                    .json(&json!({ "code": code })),
+            )
+            .await?;
+            emit(
+                json_out,
+                &json!({ "approved": true, "machine": id }),
+                |_| {
+                    say(format!(
+                        "approved: {machine}'s config is served at its next fetch"
+                    ))
+                },
+            );
+        }
+        MachineCommand::Circuit {
+            machine,
+            relay,
+            circuit_id,
+            remote_id,
+            clear,
+        } => {
+            let id = api.machine_id(&machine).await?;
+            let path = format!("/machines/{id}/dhcp-circuit");
+            let rb = match (relay, clear) {
+                (Some(relay), _) => api.req(Method::PUT, &path).json(&json!({
+                    "relay": relay, "circuit_id": circuit_id, "remote_id": remote_id,
+                })),
+                (None, true) => api.req(Method::DELETE, &path),
+                (None, false) => api.req(Method::GET, &path),
+            };
+            let (_, pin) = api.send(rb).await?;
+            emit(json_out, &pin, |v| match v["dhcp_circuit"].as_object() {
+                Some(_) => say(circuit_text(&v["dhcp_circuit"])),
+                None => say("no circuit pinned (the next relayed request pins its circuit)"),
+            });
         }
         MachineCommand::Edit {
             machine,

@@ -24,6 +24,9 @@ pub struct InstallAssets {
     pub extra_args: Vec<String>,
     /// Wipe the system disk on this boot (`talos.experimental.wipe=system`).
     pub wipe: bool,
+    /// The code an operator matches to approve this boot's config release (`delivery:
+    /// approve`), shown on the console.
+    pub approval_code: Option<String>,
 }
 
 /// The decision for one boot.
@@ -140,6 +143,14 @@ pub fn machine_script(plan: &BootPlan, arch: Arch, self_url: &str) -> String {
                 .unwrap_or("initramfs.xz")
                 .to_string();
             let _ = writeln!(s, "echo Plinth: installing Talos");
+            if let Some(code) = &a.approval_code {
+                let _ = writeln!(s, "echo Plinth: approval code {code}");
+                let _ = writeln!(
+                    s,
+                    "echo The config is released after an operator approves this code: plinth machine approve NAME {code}"
+                );
+                let _ = writeln!(s, "sleep 20");
+            }
             let _ = writeln!(s, ":retry");
             let _ = writeln!(
                 s,
@@ -235,6 +246,7 @@ mod tests {
             talos_args: vec!["slab_nomerge".into(), "pti=on".into()],
             extra_args: vec!["net.ifnames=0".into()],
             wipe: false,
+            approval_code: None,
         }
     }
 

@@ -158,6 +158,35 @@ pub async fn open(
     }))
 }
 
+/// Approving a config release.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ApproveRelease {
+    /// The code the machine's console shows (`XXXX-XXXX`; case and separators do not matter).
+    pub code: String,
+}
+
+/// Approve the release of the machine's config for its current install boot (clusters with
+/// `delivery: approve`), matching the code its console shows; the config is served at its next
+/// fetch.
+#[utoipa::path(post, path = "/api/v1/machines/{id}/config/approve", tag = "configs", request_body = ApproveRelease,
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 204, description = "approved"), (status = 400, body = ErrorEnvelope, description = "no boot awaits approval, or the code is not its code"),
+              (status = 404, body = ErrorEnvelope, description = "no open window")),
+    security(("bearer" = [])))]
+pub async fn approve(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ApproveRelease>,
+) -> Result<StatusCode, ApiError> {
+    caller.require(ApiRole::Operator)?;
+    let m = s.inventory.resolve(&id).await?;
+    s.configs.approve(m.id, &req.code, &caller.actor()).await?;
+    tracing::info!(machine = %m.id, actor = %caller.actor(), "config release approved");
+    Ok(StatusCode::NO_CONTENT)
+}
+
 /// Close the machine's provisioning window: its config is no longer served. A machine still
 /// `provisioning` is stopped as a cancel does (it goes to `maintenance`, freeing its control-plane
 /// and rack slots, and a running reinstall ends as `cancelled`), so it never stays provisioning

@@ -9,6 +9,7 @@
 
 mod bmc;
 mod boot;
+mod circuits;
 mod clusters;
 mod configs;
 mod console;
@@ -78,6 +79,16 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(machines::set_state),
         )
         .route("/machines/{id}/config", get(configs::status))
+        .route(
+            "/machines/{id}/config/approve",
+            axum::routing::post(configs::approve),
+        )
+        .route(
+            "/machines/{id}/dhcp-circuit",
+            get(circuits::show)
+                .put(circuits::set)
+                .delete(circuits::clear),
+        )
         .route("/machines/{id}/timeline", get(boot::timeline))
         .route(
             "/machines/{id}/provision",
@@ -131,17 +142,41 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Liveness and database reachability.
-#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "serving"), (status = 503, description = "database unreachable")))]
+/// How long each of `/healthz`'s database probes (a read, a heartbeat write) may take.
+const HEALTH_PROBE_LIMIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Liveness, and a database that answers reads and takes writes.
+#[utoipa::path(get, path = "/healthz", responses((status = 200, description = "serving"), (status = 503, description = "database unreachable, or it cannot write")))]
 async fn healthz(State(s): State<AppState>) -> impl IntoResponse {
-    match s.inventory.ping().await {
-        Ok(()) => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))),
-        Err(e) => {
+    use crate::service::inventory::DatabaseHealth;
+    let instance = heartbeat_instance();
+    match s.inventory.health(instance, HEALTH_PROBE_LIMIT).await {
+        DatabaseHealth::Ok => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))),
+        DatabaseHealth::Unreachable(e) => {
             tracing::warn!(error = %e, "health check: database unreachable");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 Json(serde_json::json!({"status": "database unreachable"})),
             )
         }
+        DatabaseHealth::ReadOnly(e) => {
+            tracing::warn!(error = %e, "health check: database cannot write");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"status": "database cannot write"})),
+            )
+        }
     }
+}
+
+/// The heartbeat row of this host (instances on one host share it; restarts reuse it).
+fn heartbeat_instance() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "plinth".into())
+    })
 }

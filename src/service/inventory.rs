@@ -78,6 +78,18 @@ pub struct Edited {
     pub notices: Vec<String>,
 }
 
+/// What `/healthz` learns of the database (the texts are for the log, never for a client).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DatabaseHealth {
+    /// Reads and writes work.
+    Ok,
+    /// A read round trip failed.
+    Unreachable(String),
+    /// Reads work, the heartbeat write did not (a full disk, a read-only file or replica, a lock
+    /// held too long).
+    ReadOnly(String),
+}
+
 /// What an `import --update` did.
 #[derive(Clone, Debug, Default)]
 pub struct ImportOutcome {
@@ -123,6 +135,22 @@ impl Inventory {
     /// Is the database reachable?
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.health.ping().await
+    }
+
+    /// Is the database reachable, and does it take writes? A read round trip, then the upsert of
+    /// this instance's heartbeat row; each bounded by `limit` (a database that hangs is as bad as
+    /// one that refuses).
+    pub async fn health(&self, instance: &str, limit: std::time::Duration) -> DatabaseHealth {
+        match tokio::time::timeout(limit, self.health.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return DatabaseHealth::Unreachable(e.to_string()),
+            Err(_) => return DatabaseHealth::Unreachable("no answer in time".into()),
+        }
+        match tokio::time::timeout(limit, self.health.write_probe(instance)).await {
+            Ok(Ok(())) => DatabaseHealth::Ok,
+            Ok(Err(e)) => DatabaseHealth::ReadOnly(e.to_string()),
+            Err(_) => DatabaseHealth::ReadOnly("the write probe got no answer in time".into()),
+        }
     }
 
     /// Turn a validated spec into a store record, sealing the password for the BMC's origin. With

@@ -1,5 +1,6 @@
-//! `SecretBox`: authenticated encryption of secrets at rest (BMC passwords now, cluster secrets later)
-//! with XChaCha20-Poly1305. Each value is bound to its owner and purpose through the associated data,
+//! `SecretBox`: authenticated encryption of secrets at rest (BMC passwords, cluster secrets, secret
+//! values of patches, served configs) with XChaCha20-Poly1305, and the key's fingerprint (an HMAC of
+//! a constant) that the database records. Each value is bound to its owner and purpose through the associated data,
 //! so a ciphertext copied onto another machine's row does not decrypt.
 //!
 //! Format: `b"p1"` || 24-byte random nonce || ciphertext+tag.
@@ -28,7 +29,11 @@ pub enum SecretError {
 #[derive(Clone)]
 pub struct SecretBox {
     cipher: XChaCha20Poly1305,
+    fingerprint: String,
 }
+
+/// The constant the key's fingerprint is a MAC of (a new constant would be a new fingerprint).
+const FINGERPRINT_INPUT: &[u8] = b"plinth secret key fingerprint v1";
 
 impl fmt::Debug for SecretBox {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -41,7 +46,14 @@ impl SecretBox {
     pub fn new(key: [u8; 32]) -> Self {
         Self {
             cipher: XChaCha20Poly1305::new(&key.into()),
+            fingerprint: fingerprint(&key),
         }
+    }
+
+    /// The key's fingerprint: HMAC-SHA256 of a constant under the key, hex. It names the key (the
+    /// database records it, so a different key is refused at start) and reveals nothing of it.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
     }
 
     /// From the text of a key file or variable: 64 hex digits or base64 of 32 bytes.
@@ -104,6 +116,19 @@ impl SecretBox {
     }
 }
 
+/// HMAC-SHA256 (RFC 2104) of `FINGERPRINT_INPUT` under `key`, hex.
+fn fingerprint(key: &[u8; 32]) -> String {
+    use hmac::{Hmac, Mac};
+    match <Hmac<sha2::Sha256> as Mac>::new_from_slice(key) {
+        Ok(mut mac) => {
+            mac.update(FINGERPRINT_INPUT);
+            hex::encode(mac.finalize().into_bytes())
+        }
+        // HMAC takes keys of any length; 32 bytes always fit.
+        Err(_) => String::new(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,6 +149,11 @@ mod tests {
         let other = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
         assert!(other.open("bmc-password:a", &sealed).is_err(), "wrong key");
         assert!(SecretBox::from_text("short").is_err());
+        assert_eq!(sb.fingerprint().len(), 64);
+        assert_ne!(sb.fingerprint(), other.fingerprint(), "names its key");
+        let again = SecretBox::new([7u8; 32]);
+        assert_eq!(again.fingerprint(), SecretBox::new([7u8; 32]).fingerprint());
+        assert!(!again.fingerprint().contains(&hex::encode([7u8; 32])));
         assert!(SecretBox::from_text(&"ab".repeat(32)).is_ok());
     }
 }

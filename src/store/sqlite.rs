@@ -68,6 +68,55 @@ type Store = SqliteStore;
 /// (`bench/dhcp.sh`, 2026-12-02) 4 readers dropped 10% of exchanges, 8 dropped 0.23%, 16 0.06%.
 const LEASE_READERS: u32 = 16;
 
+/// Create the database file `path`, mode 0600 (readable by Plinth's user only: it holds token
+/// hashes, leases and sealed secrets), unless it exists; SQLite then opens it as an empty database.
+fn private_file(path: &std::path::Path) -> Result<(), StoreError> {
+    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" || path.exists() {
+        return Ok(());
+    }
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    match opts.open(path) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(StoreError::Backend(format!(
+            "cannot create database file {}: {e}",
+            path.display()
+        ))),
+    }
+}
+
+/// Take group and others' access away from an existing file of the database.
+fn tighten(path: &std::path::Path) -> Result<(), StoreError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let Ok(meta) = std::fs::metadata(path) else {
+            return Ok(());
+        };
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o700)).map_err(
+                |e| {
+                    StoreError::Backend(format!(
+                        "database file {} has mode {mode:04o} and cannot be made private \
+                         (`chmod 600 {}`): {e}",
+                        path.display(),
+                        path.display()
+                    ))
+                },
+            )?;
+            tracing::warn!(path = %path.display(), mode = format!("{mode:04o}"), "database file was readable by group or others: now 0600");
+        }
+    }
+    Ok(())
+}
+
 /// The SQLite implementation of the store ports.
 #[derive(Clone, Debug)]
 pub struct SqliteStore {
@@ -93,6 +142,8 @@ impl SqliteStore {
             .synchronous(SqliteSynchronous::Full)
             .foreign_keys(true)
             .busy_timeout(Duration::from_secs(10));
+        let file = connect.get_filename().to_path_buf();
+        private_file(&file)?;
         // No ping before each use: a SQLite connection is a file handle that cannot hang up, and
         // the ping is a round trip to the connection's worker thread, as costly as the query
         // (sqlx still pings once as a connection goes back to the pool).
@@ -116,6 +167,13 @@ impl SqliteStore {
             .max_connections(LEASE_READERS)
             .test_before_acquire(false)
             .connect_lazy_with(connect.read_only(true));
+        // SQLite makes `-wal` and `-shm` with the database file's mode; tighten any made looser
+        // (by an older Plinth, or by hand).
+        for suffix in ["", "-wal", "-shm"] {
+            let mut p = file.clone().into_os_string();
+            p.push(suffix);
+            tighten(std::path::Path::new(&p))?;
+        }
         let group_commit = GroupCommit::spawn(batch::Batch(write.clone()));
         Ok(Self {
             write,

@@ -17,6 +17,7 @@ pub mod patch;
 pub mod pki;
 pub mod render;
 pub mod schematic;
+pub mod secret_fields;
 pub mod secrets;
 pub mod validate;
 

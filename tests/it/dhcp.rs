@@ -40,7 +40,7 @@ lease_seconds = 600
         data = dir.join("data").display(),
         key = dir.join("secret.key").display(),
     );
-    std::fs::write(dir.join("secret.key"), SecretBox::generate_key_text()).expect("key");
+    crate::support::write_key(&dir.join("secret.key"));
     let p = dir.join("plinth.toml");
     std::fs::write(&p, cfg).expect("config");
     p

@@ -37,17 +37,17 @@ fn mac_of(lan: &Lan, host: &lan::Host) -> [u8; 6] {
     v.try_into().expect("6 bytes")
 }
 
-fn encode(m: &v4::Message) -> Vec<u8> {
+pub(crate) fn encode(m: &v4::Message) -> Vec<u8> {
     let mut out = Vec::new();
     m.encode(&mut Encoder::new(&mut out)).expect("encode");
     out
 }
 
-fn decode(b: &[u8]) -> v4::Message {
+pub(crate) fn decode(b: &[u8]) -> v4::Message {
     v4::Message::decode(&mut Decoder::new(b)).expect("a decodable reply")
 }
 
-fn msg_type(m: &v4::Message) -> Option<MessageType> {
+pub(crate) fn msg_type(m: &v4::Message) -> Option<MessageType> {
     m.opts().msg_type()
 }
 
@@ -67,7 +67,12 @@ fn server_id(m: &v4::Message) -> Option<Ipv4Addr> {
 }
 
 /// A client message from `mac` with broadcast flag and the PXE options of a UEFI x86-64 client.
-fn pxe_message(mac: &[u8; 6], xid: u32, kind: MessageType, ciaddr: Ipv4Addr) -> v4::Message {
+pub(crate) fn pxe_message(
+    mac: &[u8; 6],
+    xid: u32,
+    kind: MessageType,
+    ciaddr: Ipv4Addr,
+) -> v4::Message {
     let mut m = v4::Message::new(
         ciaddr,
         Ipv4Addr::UNSPECIFIED,
@@ -93,7 +98,11 @@ fn pxe_message(mac: &[u8; 6], xid: u32, kind: MessageType, ciaddr: Ipv4Addr) -> 
 }
 
 /// Collect replies with `xid` for `window`.
-fn collect(agent: &mut Agent, xid: u32, window: Duration) -> Vec<(SocketAddr, v4::Message)> {
+pub(crate) fn collect(
+    agent: &mut Agent,
+    xid: u32,
+    window: Duration,
+) -> Vec<(SocketAddr, v4::Message)> {
     let end = Instant::now() + window;
     let mut got = Vec::new();
     while let Some(left) = end.checked_duration_since(Instant::now()) {

@@ -1238,6 +1238,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             kernel_args: vec!["console=ttyS0".into()],
             reinstall: Some(Default::default()),
             bootstrap: Some(plinth::service::ports::configs::BootstrapMode::Manual),
+            delivery: None,
         },
         sealed_bundle: Some(vec![1, 2, 3]),
         sealed_base: None,

@@ -58,6 +58,7 @@ pub(super) async fn gather(api: &ApiClient, machine: &str) -> anyhow::Result<Val
         "window": config["window"],
         "window_open": config["window_open"],
         "config_valid": config["valid"],
+        "hold": config["hold"],
     }))
 }
 
@@ -132,6 +133,13 @@ const FIELDS: &[Field] = &[
     ("last boot step", |st| event(&st["last_boot_step"])),
     ("window", window),
     ("config renders", |st| s(&st["config_valid"])),
+    ("held", |st| {
+        if st["hold"].is_null() {
+            "no".into()
+        } else {
+            s(&st["hold"])
+        }
+    }),
 ];
 
 /// Print the gathered status, one row per field.

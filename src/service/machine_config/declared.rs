@@ -1,19 +1,27 @@
 //! The declared inputs of every render: sealing a cluster's secret input (a secrets bundle or
 //! base configs) before it is stored, opening it again to build a role's base config, and loading
-//! the clusters, profiles and groups at once (`Sources`). Never logs a secret.
+//! the clusters, profiles and groups at once (`Sources`). Patch texts are sealed too (they carry
+//! credentials such as a WireGuard `privateKey` or a registry `password`): every patch is stored
+//! as `plinth-sealed:v1:<base64>`, sealed for its origin, and opened as it is loaded; a patch
+//! stored in the clear by an older Plinth is read as it is and sealed when next written. Never
+//! logs a secret.
 
 use std::collections::HashMap;
 
+use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
 use super::{sealed_context, ConfigService, MachineConfigError};
 use crate::domain::{MachineId, Role};
 use crate::service::ports::{
     ClusterRecord, ClusterSpec, ConfigWrite, GroupKind, GroupSpec, MachinePatches, NewEvent,
-    ProfileSpec,
+    PatchSource, ProfileSpec,
 };
 use crate::talos::secrets::SecretsBundle;
 use crate::talos::{MachineConfig, TalosVersion};
+
+/// How a sealed patch text starts.
+pub const SEALED_PATCH: &str = "plinth-sealed:v1:";
 
 /// Image Factory host used for installer images when a cluster names none.
 pub const DEFAULT_FACTORY_HOST: &str = "factory.talos.dev";
@@ -150,11 +158,68 @@ impl ConfigService {
 
     /// Load every render input from the store.
     pub async fn sources(&self) -> Result<Sources, MachineConfigError> {
-        Ok(Sources::new(
-            self.configs.clusters().await?,
-            self.configs.profiles().await?,
-            self.configs.groups().await?,
-        ))
+        let mut clusters = self.configs.clusters().await?;
+        for c in &mut clusters {
+            self.open_patches(&mut c.spec.patches)?;
+            self.open_patches(&mut c.spec.role_patches.controlplane)?;
+            self.open_patches(&mut c.spec.role_patches.worker)?;
+        }
+        let mut profiles = self.configs.profiles().await?;
+        for p in &mut profiles {
+            self.open_patches(&mut p.patches)?;
+        }
+        let mut groups = self.configs.groups().await?;
+        for g in &mut groups {
+            self.open_patches(&mut g.patches)?;
+        }
+        Ok(Sources::new(clusters, profiles, groups))
+    }
+
+    /// A machine's own patches as stored, opened.
+    pub(super) async fn machine_patches(
+        &self,
+        id: MachineId,
+    ) -> Result<MachinePatches, MachineConfigError> {
+        let (mut own, _) = self.configs.machine_config(id).await?;
+        self.open_patches(&mut own.patches)?;
+        Ok(own)
+    }
+
+    /// Seal patch texts for storage (those sealed already stay as they are).
+    fn seal_patches(&self, patches: &mut [PatchSource]) {
+        for p in patches {
+            if p.text.starts_with(SEALED_PATCH) {
+                continue;
+            }
+            let sealed = self
+                .secrets
+                .seal(&sealed_context("patch", &p.origin), p.text.as_bytes());
+            p.text = format!(
+                "{SEALED_PATCH}{}",
+                base64::engine::general_purpose::STANDARD.encode(sealed)
+            );
+        }
+    }
+
+    /// Open sealed patch texts (a text stored in the clear stays as it is).
+    fn open_patches(&self, patches: &mut [PatchSource]) -> Result<(), MachineConfigError> {
+        for p in patches {
+            let Some(b64) = p.text.strip_prefix(SEALED_PATCH) else {
+                continue;
+            };
+            let sealed = base64::engine::general_purpose::STANDARD
+                .decode(b64.trim())
+                .map_err(|_| {
+                    MachineConfigError::Secrets(format!(
+                        "patch {}: sealed text is not base64",
+                        p.origin
+                    ))
+                })?;
+            p.text = self
+                .open_text(&sealed_context("patch", &p.origin), &sealed)
+                .map_err(|e| MachineConfigError::Secrets(format!("patch {}: {e}", p.origin)))?;
+        }
+        Ok(())
     }
 
     pub(super) fn open_text(
@@ -222,7 +287,11 @@ impl ConfigService {
     pub async fn all_machine_patches(
         &self,
     ) -> Result<Vec<(MachineId, MachinePatches)>, MachineConfigError> {
-        Ok(self.configs.all_machine_patches().await?)
+        let mut all = self.configs.all_machine_patches().await?;
+        for (_, p) in &mut all {
+            self.open_patches(&mut p.patches)?;
+        }
+        Ok(all)
     }
 
     /// Upsert clusters, profiles, groups and machine patches, with their events, in one
@@ -232,7 +301,22 @@ impl ConfigService {
         write: &ConfigWrite,
         events: &[NewEvent],
     ) -> Result<(), MachineConfigError> {
-        Ok(self.configs.put_config_objects(write, events).await?)
+        let mut sealed = write.clone();
+        for c in &mut sealed.clusters {
+            self.seal_patches(&mut c.spec.patches);
+            self.seal_patches(&mut c.spec.role_patches.controlplane);
+            self.seal_patches(&mut c.spec.role_patches.worker);
+        }
+        for p in &mut sealed.profiles {
+            self.seal_patches(&mut p.patches);
+        }
+        for g in &mut sealed.groups {
+            self.seal_patches(&mut g.patches);
+        }
+        for (_, m) in &mut sealed.machine_patches {
+            self.seal_patches(&mut m.patches);
+        }
+        Ok(self.configs.put_config_objects(&sealed, events).await?)
     }
 }
 

@@ -3,35 +3,14 @@
 
 use super::sha256_hex;
 
-/// Replace secret values in a rendered config by a short fingerprint, so a diff shows that a
-/// secret changed without showing it.
+/// Replace secret values in a rendered config (every key `talos::secret_fields` names: the
+/// cluster's keys and tokens, and the credentials patches bring, such as a WireGuard `privateKey`
+/// or a registry `password`) by a short fingerprint, so a diff shows that a secret changed
+/// without showing it.
 pub fn redact(yaml: &str) -> String {
-    const SECRET_KEYS: &[&str] = &[
-        "key",
-        "token",
-        "secret",
-        "secretboxEncryptionSecret",
-        "aescbcEncryptionSecret",
-        "bootstrapToken",
-    ];
-    let mut out = String::with_capacity(yaml.len());
-    for line in yaml.lines() {
-        let trimmed = line.trim_start();
-        let redacted = SECRET_KEYS.iter().find_map(|k| {
-            let rest = trimmed.strip_prefix(k)?.strip_prefix(':')?;
-            let v = rest.trim();
-            (!v.is_empty() && v != "\"\"" && v != "''").then(|| {
-                let indent = &line[..line.len() - trimmed.len()];
-                format!(
-                    "{indent}{k}: <redacted sha256:{}>",
-                    &sha256_hex(v.as_bytes())[..12]
-                )
-            })
-        });
-        out.push_str(redacted.as_deref().unwrap_or(line));
-        out.push('\n');
-    }
-    out
+    crate::talos::secret_fields::mask_lines(yaml, |v| {
+        format!("<redacted sha256:{}>", &sha256_hex(v.as_bytes())[..12])
+    })
 }
 
 /// A unified diff of two configs, secrets redacted; empty when they are equal.
@@ -63,5 +42,8 @@ mod tests {
         assert!(d.contains("-        key: <redacted sha256:"), "{d}");
         assert!(!d.contains("SECRET"), "{d}");
         assert_eq!(config_diff(Some(a), Some(a), "m1"), "");
+        let wg = "kind: WireguardConfig\nprivateKey: WGSECRET\n---\nmachine:\n  registries:\n    config:\n      r:\n        auth:\n          password: REGSECRET\n";
+        let r = redact(wg);
+        assert!(!r.contains("WGSECRET") && !r.contains("REGSECRET"), "{r}");
     }
 }

@@ -12,12 +12,14 @@
 //!
 //! Layout: `declared` (the inputs: sealing cluster secrets, loading the sources), `render`
 //! (render and validate one machine's config), `window` (provisioning windows, install tickets,
-//! the checks before a config is delivered), `diff` (redacted config diffs). The stored records
+//! the checks before a config is delivered), `diff` (redacted config diffs), `circuit` (the relay
+//! circuit a machine's DHCP is pinned to, as an operator sees and changes it). The stored records
 //! (`ClusterSpec`, `ProvisionWindow`, ...) are the `ConfigStore` port's, in `service::ports`.
 //!
 //! This module imports `domain`, `talos`, the ports and the inventory use case; nothing from
 //! `store`, `http` or the front doors. It never logs a config or a token.
 
+mod circuit;
 mod declared;
 mod diff;
 mod render;
@@ -33,7 +35,9 @@ pub use declared::{ClusterSecretInput, Sources, DEFAULT_FACTORY_HOST};
 pub use diff::{config_diff, redact};
 pub use render::{schema_file, RenderedMachine};
 pub use status::ConfigStatus;
-pub use window::{token_hash, InstallTicket, OpenError, Refusal, Ticket, TOKEN_TTL};
+pub use window::{
+    token_hash, InstallTicket, OpenError, Refusal, Ticket, AWAITING_APPROVAL, TOKEN_TTL,
+};
 
 use super::error::MachineConfigError;
 use super::ports::{ConfigStore, EventStore, LeaseStore};

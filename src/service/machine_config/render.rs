@@ -303,7 +303,7 @@ impl ConfigService {
     /// Render a machine's config from what the store holds now.
     pub async fn render_machine(&self, m: &Machine) -> Result<RenderedMachine, MachineConfigError> {
         let sources = self.sources().await?;
-        let (own, _) = self.configs.machine_config(m.id).await?;
+        let own = self.machine_patches(m.id).await?;
         self.render_spec(&m.spec(), &own, &sources)
     }
 }

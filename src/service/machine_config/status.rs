@@ -35,6 +35,8 @@ pub struct ConfigStatus {
     pub served_sha256: Option<String>,
     /// When it was served.
     pub served_at: Option<DateTime<Utc>>,
+    /// Why the config is held, when its release waits for an operator (`awaiting approval`).
+    pub hold: Option<String>,
 }
 
 impl ConfigService {
@@ -46,6 +48,9 @@ impl ConfigService {
             other => other,
         };
         let window = self.window(m.id).await.map_err(ServiceError::from)?;
+        let open = window.as_ref().is_some_and(|w| w.is_open(Utc::now()));
+        let hold = (open && self.awaiting_approval(m).await?)
+            .then(|| super::window::AWAITING_APPROVAL.to_string());
         let served = self.served(m.id).await.map_err(ServiceError::from)?;
         let now = Utc::now();
         let (valid, error, r) = match rendered {
@@ -64,6 +69,7 @@ impl ConfigService {
             window,
             served_sha256: served.as_ref().map(|s| s.sha256.clone()),
             served_at: served.map(|s| s.at),
+            hold,
         })
     }
 }

@@ -7,11 +7,15 @@
 //! the event says the binding is weak), and is bound to that address; a request from any other
 //! address gets no token and never replaces the machine's. The fetch must come from that address
 //! with that token, within [`TOKEN_TTL`] of the mint, once (the first config served uses it up,
-//! in the same transaction), with the machine's SMBIOS UUID (a machine with none on record binds
-//! the first one it presents). Every refusal is one answer to the client (nothing tells which
+//! in the same transaction), with the machine's SMBIOS UUID (a worker with none on record binds
+//! the first one it presents; a control-plane machine, whose config holds the cluster's CA keys,
+//! is served only to a UUID on record). Every refusal is one answer to the client (nothing tells which
 //! check failed, and refusals take the same time), and an event of the machine; the anomalies
 //! that mean someone else is trying (a foreign address, a token used twice, another UUID) are
 //! events of their own kind and a metric, so an operator knows which cluster's secrets to rotate.
+//! With `delivery: approve` on the cluster, each install boot's script also shows a short code,
+//! and the config is released only after an operator approves that code
+//! (`ConfigService::approve`); until then every fetch is refused as "awaiting approval".
 //! Never logs a config or a token.
 
 use std::collections::HashSet;
@@ -23,9 +27,10 @@ use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 use super::{sealed_context, ConfigService, MachineConfigError, RenderedMachine};
-use crate::domain::{LifecycleState, Machine, MachineId};
+use crate::domain::{LifecycleState, Machine, MachineId, Role};
 use crate::service::error::ServiceError;
 use crate::service::inventory::Inventory;
+use crate::service::ports::configs::Delivery;
 use crate::service::ports::{LeaseState, NewEvent, ProvisionWindow, ServedConfig, StoreError};
 
 /// The outcome of a config fetch that is not served.
@@ -46,6 +51,43 @@ pub const TOKEN_TTL: Duration = Duration::minutes(15);
 /// timing which machines exist or which windows are open.
 const REFUSAL_FLOOR: std::time::Duration = std::time::Duration::from_millis(200);
 
+/// The refusal of a control-plane machine without a recorded SMBIOS UUID.
+pub const CONTROL_PLANE_NEEDS_UUID: &str =
+    "a control-plane machine's config is served only to its recorded SMBIOS UUID, \
+     and none is recorded: read it from the machine's firmware or BMC and set `smbios_uuid` \
+     (`plinth machine edit NAME --set smbios_uuid=UUID`)";
+
+/// The refusal (and hold reason) of a config whose release an operator has not approved yet.
+pub const AWAITING_APPROVAL: &str = "awaiting approval: the cluster's delivery is `approve`; \
+     match the code on the machine's console and run `plinth machine approve NAME CODE`";
+
+/// Letters and digits of an approval code: no 0/O, 1/I to misread on a console.
+const CODE_ALPHABET: &[u8; 32] = b"ABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+
+/// A fresh approval code, `XXXX-XXXX` (40 bits).
+fn new_approval_code() -> String {
+    let mut raw = [0u8; 8];
+    rand::rngs::OsRng.fill_bytes(&mut raw);
+    let chars: Vec<char> = raw
+        .iter()
+        .map(|b| char::from(CODE_ALPHABET[usize::from(b % 32)]))
+        .collect();
+    let (a, b) = chars.split_at(4);
+    format!(
+        "{}-{}",
+        a.iter().collect::<String>(),
+        b.iter().collect::<String>()
+    )
+}
+
+/// An approval code as typed: upper case, without separators or spaces.
+fn normalize_code(code: &str) -> String {
+    code.chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .map(|c| c.to_ascii_uppercase())
+        .collect()
+}
+
 /// What an install boot needs from the config side.
 #[derive(Clone)]
 pub struct InstallTicket {
@@ -59,6 +101,9 @@ pub struct InstallTicket {
     pub kernel_args: Vec<String>,
     /// Wipe the system disk on this boot.
     pub wipe: bool,
+    /// The code this boot's console shows, for an operator to approve its config's release
+    /// (`delivery: approve`).
+    pub approval_code: Option<String>,
 }
 
 impl std::fmt::Debug for InstallTicket {
@@ -276,12 +321,32 @@ impl ConfigService {
             )
             .await;
         }
+        let approval_code = if self.delivery_of(m).await? == Delivery::Approve {
+            let code = new_approval_code();
+            if !self
+                .configs
+                .set_approval_code(m.id, &token_hash(&normalize_code(&code)))
+                .await?
+            {
+                return Ok(Ticket::NoWindow);
+            }
+            self.event(
+                m.id,
+                "config.approval_requested",
+                serde_json::json!({ "from": ip }),
+            )
+            .await;
+            Some(code)
+        } else {
+            None
+        };
         Ok(Ticket::Issued(InstallTicket {
             token,
             talos_version: rendered.version.to_string(),
             schematic_id: rendered.schematic_id,
             kernel_args: rendered.kernel_args,
             wipe: (w.wipe || rendered.wipe) && first_boot,
+            approval_code,
         }))
     }
 
@@ -388,8 +453,21 @@ impl ConfigService {
                     )
                     .await
             }
+            // A control-plane config holds the cluster's CA keys: it goes only to the UUID an
+            // operator (or the machine's discovery) recorded, never to the first one presented.
+            None if m.role == Some(Role::ControlPlane) => {
+                return self.refuse(id, from, CONTROL_PLANE_NEEDS_UUID).await
+            }
             None => true,
         };
+        match self.awaiting_approval(&m).await {
+            Ok(false) => {}
+            Ok(true) => return self.refuse(id, from, AWAITING_APPROVAL).await,
+            Err(e) => {
+                tracing::error!(error = %e, "config fetch: approval look-up failed");
+                return Err(Refusal::Unavailable);
+            }
+        }
         let rendered = match self.render_machine(&m).await {
             Ok(r) => r,
             // The store failed while loading the render's inputs: the config is not at fault,
@@ -493,6 +571,93 @@ impl ConfigService {
         }
         tracing::info!(machine = %id, %from, sha256 = %rendered.sha256, "config served");
         Ok(rendered.yaml)
+    }
+
+    /// How `m`'s cluster releases configs (`token` when it names no declared cluster).
+    pub(super) async fn delivery_of(&self, m: &Machine) -> Result<Delivery, StoreError> {
+        let Some(name) = &m.cluster else {
+            return Ok(Delivery::Token);
+        };
+        Ok(self
+            .configs
+            .clusters()
+            .await?
+            .into_iter()
+            .find(|c| &c.spec.name == name)
+            .and_then(|c| c.spec.delivery)
+            .unwrap_or_default())
+    }
+
+    /// Does `m`'s config wait for an operator's approval of this boot's release?
+    pub(super) async fn awaiting_approval(&self, m: &Machine) -> Result<bool, StoreError> {
+        if self.delivery_of(m).await? != Delivery::Approve {
+            return Ok(false);
+        }
+        Ok(self
+            .configs
+            .approval(m.id)
+            .await?
+            .is_none_or(|a| a.approved_at.is_none()))
+    }
+
+    /// Approve the release of machine `id`'s config for its current install boot, whose console
+    /// shows `code`. Refused (naming `code`) when no boot awaits approval or the code is not
+    /// that boot's; a wrong code is an anomaly of the machine.
+    pub async fn approve(
+        &self,
+        id: MachineId,
+        code: &str,
+        actor: &str,
+    ) -> Result<(), ServiceError> {
+        let invalid = |message: &str| {
+            let mut e = crate::domain::ValidationErrors::default();
+            e.push("code", message);
+            ServiceError::Invalid(e)
+        };
+        let Some(approval) = self.configs.approval(id).await? else {
+            return Err(ServiceError::NotFound("open provisioning window".into()));
+        };
+        let Some(want) = approval.code_sha256 else {
+            return Err(invalid(
+                "no install boot of this machine awaits approval (its cluster's delivery is not `approve`, or it has not asked for its install script yet)",
+            ));
+        };
+        if let Some(at) = approval.approved_at {
+            return Err(invalid(&format!(
+                "this boot's release was approved already, at {}",
+                at.to_rfc3339()
+            )));
+        }
+        let hashed = token_hash(&normalize_code(code));
+        if !constant_time_eq(hashed.as_bytes(), want.as_bytes()) {
+            self.anomalies.count("config.approval_code_mismatch");
+            self.event(
+                id,
+                "config.approval_code_mismatch",
+                serde_json::json!({ "actor": actor }),
+            )
+            .await;
+            return Err(invalid(
+                "does not match the code this machine's console shows for its current boot",
+            ));
+        }
+        let event = NewEvent {
+            machine_id: Some(id),
+            kind: "config.approved".into(),
+            actor: actor.into(),
+            detail: serde_json::json!({}),
+        };
+        if self
+            .configs
+            .approve(id, &hashed, Utc::now(), &event)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(invalid(
+                "the boot awaiting approval changed meanwhile: read the code again",
+            ))
+        }
     }
 
     /// Refuse, with a `config.refused` event naming `reason` (throttled per source).

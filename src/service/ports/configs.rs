@@ -70,6 +70,33 @@ pub struct ClusterSpec {
     /// How etcd is bootstrapped: `auto` (default) or `manual`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapMode>,
+    /// How configs are released: `token` (default: to the machine's own boot token) or
+    /// `approve` (an operator approves each release, matching the code its console shows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delivery: Option<Delivery>,
+}
+
+/// How a cluster's configs are released (`delivery:` of a Cluster in the inventory directory).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Delivery {
+    /// To the machine's own install boot, bound to its address and token (the default).
+    #[default]
+    Token,
+    /// As `token`, and only after an operator approves this boot's release with the short code
+    /// the machine's console shows.
+    Approve,
+}
+
+/// The approval state of a machine's current install boot (`delivery: approve`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Approval {
+    /// SHA-256 (hex) of the code this boot's script showed; never shown.
+    pub code_sha256: Option<String>,
+    /// When an operator approved this boot's release.
+    pub approved_at: Option<DateTime<Utc>>,
+    /// Who approved it.
+    pub approved_by: Option<String>,
 }
 
 /// How a cluster is bootstrapped (`bootstrap:` of a Cluster in the inventory directory).
@@ -293,6 +320,21 @@ pub trait ConfigStore: Send + Sync + 'static {
         id: MachineId,
         now: DateTime<Utc>,
         reason: &str,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError>;
+    /// The approval state of `id`'s open window (`None`: no open window).
+    async fn approval(&self, id: MachineId) -> Result<Option<Approval>, StoreError>;
+    /// Give `id`'s open window this boot's approval code (hash), unapproved; false when no
+    /// window is open.
+    async fn set_approval_code(&self, id: MachineId, code_sha256: &str)
+        -> Result<bool, StoreError>;
+    /// Approve the release of `id`'s config for the boot whose code hashes to `code_sha256`, with
+    /// its event; false when no open window awaits approval with that code.
+    async fn approve(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+        now: DateTime<Utc>,
         event: &NewEvent,
     ) -> Result<bool, StoreError>;
 }

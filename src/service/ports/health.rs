@@ -1,14 +1,29 @@
-//! The `StoreHealth` port: is the database reachable? A port of its own because reachability is
-//! a property of the whole database, not of one of its tables: `/healthz` asks it without being
+//! The `StoreHealth` port: is the database reachable, does it take writes, and which secret key
+//! are its sealed values sealed with? A port of its own because these are properties of the whole
+//! database, not of one of its tables: `/healthz` and the start-up key check ask it without being
 //! handed machines, events or leases. Imports `StoreError` only.
 
 use async_trait::async_trait;
 
 use super::error::StoreError;
 
-/// Reachability of the database.
+/// Reachability, writability and the secret key's fingerprint of the database.
 #[async_trait]
 pub trait StoreHealth: Send + Sync + 'static {
     /// Is the database reachable? One round trip.
     async fn ping(&self) -> Result<(), StoreError>;
+
+    /// Does the database take writes? Upserts `instance`'s heartbeat row (one tiny transaction).
+    async fn write_probe(&self, instance: &str) -> Result<(), StoreError>;
+
+    /// The fingerprint of the secret key recorded in the database, if any.
+    async fn key_fingerprint(&self) -> Result<Option<String>, StoreError>;
+
+    /// Record `fingerprint` unless one is recorded already; the fingerprint on record after (the
+    /// first one recorded wins, whichever instance wrote it).
+    async fn claim_key_fingerprint(&self, fingerprint: &str) -> Result<String, StoreError>;
+
+    /// Does the database hold any sealed value (a BMC password, a cluster's secrets or base
+    /// configs, a served config, a sealed patch value)?
+    async fn holds_sealed_values(&self) -> Result<bool, StoreError>;
 }

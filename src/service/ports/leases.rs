@@ -94,9 +94,37 @@ pub struct Reservation {
     pub ipv4: Option<Ipv4Addr>,
 }
 
+/// The relay and option-82 circuit a machine's DHCP is pinned to: the first seen for it, or what
+/// an operator set. A lease request for one of its MACs from anywhere else is refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct CircuitPin {
+    /// The relay agent's address (`giaddr`).
+    pub relay: String,
+    /// Option 82 sub-option 1 (circuit id, i.e. the switch port), hex; absent when the relay
+    /// sends none.
+    pub circuit_id: Option<String>,
+    /// Option 82 sub-option 2 (remote id, i.e. the switch), hex: recorded, not compared.
+    pub remote_id: Option<String>,
+    /// When it was pinned.
+    pub pinned_at: chrono::DateTime<chrono::Utc>,
+    /// `dhcp` (first seen) or the operator who set it.
+    pub pinned_by: String,
+}
+
+impl CircuitPin {
+    /// Is (`relay`, `circuit_id`) this pin's circuit?
+    pub fn is(&self, relay: &str, circuit_id: Option<&str>) -> bool {
+        self.relay == relay && self.circuit_id.as_deref() == circuit_id
+    }
+}
+
 /// What one DHCP message needs to know about its client, read in one round trip.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ClientFacts {
+    /// The machine of the inventory this MAC belongs to, if any.
+    pub machine: Option<MachineId>,
+    /// That machine's relay circuit pin, if any.
+    pub pin: Option<CircuitPin>,
     /// The address the inventory reserves for this MAC, if any.
     pub reserved_ip: Option<Ipv4Addr>,
     /// The MAC's newest offered or bound lease in the subnet (expired or not).
@@ -158,4 +186,22 @@ pub trait LeaseStore: Send + Sync + 'static {
         mac: MacAddr,
         ips: [Option<Ipv4Addr>; 2],
     ) -> Result<ClientFacts, StoreError>;
+
+    /// Pin `machine` to `pin` unless it is pinned already (committed before it returns); the pin
+    /// on record after (the first one wins).
+    async fn pin_circuit(
+        &self,
+        machine: MachineId,
+        pin: &CircuitPin,
+    ) -> Result<CircuitPin, StoreError>;
+
+    /// A machine's pin.
+    async fn circuit_pin(&self, machine: MachineId) -> Result<Option<CircuitPin>, StoreError>;
+
+    /// Set (`Some`) or clear (`None`) a machine's pin, as an operator does.
+    async fn set_circuit_pin(
+        &self,
+        machine: MachineId,
+        pin: Option<&CircuitPin>,
+    ) -> Result<(), StoreError>;
 }

@@ -26,14 +26,14 @@ use std::sync::Arc;
 
 pub use bmc::{BmcCapabilityStore, BmcConnector, CapabilityRecord};
 pub use configs::{
-    ClusterRecord, ClusterSpec, ConfigStore, ConfigWrite, GroupKind, GroupSpec, MachinePatches,
-    PatchSource, ProfileSpec, ProvisionWindow, RolePatches, ServedConfig,
+    Approval, ClusterRecord, ClusterSpec, ConfigStore, ConfigWrite, GroupKind, GroupSpec,
+    MachinePatches, PatchSource, ProfileSpec, ProvisionWindow, RolePatches, ServedConfig,
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
 pub use health::StoreHealth;
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
-pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
+pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
     MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate,
     PasswordChange,

@@ -10,6 +10,9 @@
 //! written to it, through the same group commit, so that no two instances offer one address. A
 //! client's scan of the pool starts at a hash of its MAC (as dnsmasq does): concurrent clients, and
 //! instances, rarely reach for the same address, and a returning client tends to get its old one.
+//! A known machine's leases are pinned to the relay circuit first seen for it (`circuit`).
+
+mod circuit;
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
@@ -282,6 +285,8 @@ pub struct DhcpService {
     /// One decision at a time per client (striped by MAC): a retransmitted DISCOVER waits for the
     /// first and is offered the same address, instead of racing it to a second one.
     clients: Vec<tokio::sync::Mutex<()>>,
+    /// Where relay-circuit pins and mismatches are reported (`circuit`).
+    timeline: Option<super::timeline::Timeline>,
 }
 
 /// Stripes of `DhcpService::clients`.
@@ -320,7 +325,14 @@ impl DhcpService {
             clients: (0..CLIENT_STRIPES)
                 .map(|_| tokio::sync::Mutex::new(()))
                 .collect(),
+            timeline: None,
         }
+    }
+
+    /// Report relay-circuit pins and mismatches on the boot timeline.
+    pub fn with_timeline(mut self, timeline: super::timeline::Timeline) -> Self {
+        self.timeline = Some(timeline);
+        self
     }
 
     /// The configured subnets.
@@ -576,6 +588,9 @@ impl DhcpService {
             .store
             .client_facts(&subnet.key(), req.mac, looked_up)
             .await?;
+        if let Some(refused) = self.circuit_check(req, subnet, &facts, false).await? {
+            return Ok(refused);
+        }
         // Its reservation or current lease first, then its pending offer, then the address it asks
         // for (option 50), then the pool; an address reserved for another machine is never
         // offered, asked for or not. `true`: read the address's lease before offering it.
@@ -696,6 +711,10 @@ impl DhcpService {
             .store
             .client_facts(&subnet.key(), req.mac, [Some(ip), None])
             .await?;
+        if let Some(refused) = self.circuit_check(req, subnet, &facts, true).await? {
+            self.with_hint(subnet, |h| h.drop_offer(req.mac));
+            return Ok(refused);
+        }
         if let Some(rip) = facts.reserved_ip.filter(|ip| subnet.is_host(*ip)) {
             if rip != ip {
                 self.with_hint(subnet, |h| h.drop_offer(req.mac));

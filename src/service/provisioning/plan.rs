@@ -209,6 +209,7 @@ impl ProvisioningService {
                 .unwrap_or_default(),
             extra_args: ticket.kernel_args,
             wipe: ticket.wipe,
+            approval_code: ticket.approval_code,
         }))
     }
 

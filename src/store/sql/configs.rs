@@ -12,8 +12,8 @@ use super::events::insert_events;
 use super::{Row, Store, Tx};
 use crate::domain::MachineId;
 use crate::service::ports::{
-    ClusterRecord, ConfigStore, ConfigWrite, GroupSpec, MachinePatches, NewEvent, ProfileSpec,
-    ProvisionWindow, ServedConfig, StoreError,
+    Approval, ClusterRecord, ConfigStore, ConfigWrite, GroupSpec, MachinePatches, NewEvent,
+    ProfileSpec, ProvisionWindow, ServedConfig, StoreError,
 };
 use crate::store::group_commit::WriteOp;
 use crate::store::json_err;
@@ -340,6 +340,69 @@ impl ConfigStore for Store {
         .bind(now)
         .bind(reason)
         .bind(id.0)
+        .execute(&mut *tx)
+        .await?;
+        if r.rows_affected() == 0 {
+            return Ok(false);
+        }
+        insert_events(&mut tx, &[event]).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn approval(&self, id: MachineId) -> Result<Option<Approval>, StoreError> {
+        let r = sqlx::query(
+            "SELECT approval_code_sha256, approved_at, approved_by FROM provision_windows \
+             WHERE machine_id = $1 AND closed_at IS NULL",
+        )
+        .bind(id.0)
+        .fetch_optional(&self.read)
+        .await?;
+        Ok(match r {
+            Some(r) => Some(Approval {
+                code_sha256: r.try_get("approval_code_sha256")?,
+                approved_at: r.try_get("approved_at")?,
+                approved_by: r.try_get("approved_by")?,
+            }),
+            None => None,
+        })
+    }
+
+    async fn set_approval_code(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+    ) -> Result<bool, StoreError> {
+        let (_turn, mut tx) = self.begin_write().await?;
+        let r = sqlx::query(
+            "UPDATE provision_windows SET approval_code_sha256 = $1, approved_at = NULL, \
+             approved_by = NULL WHERE machine_id = $2 AND closed_at IS NULL",
+        )
+        .bind(code_sha256)
+        .bind(id.0)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(r.rows_affected() == 1)
+    }
+
+    async fn approve(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+        now: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        let (_turn, mut tx) = self.begin_write().await?;
+        let r = sqlx::query(
+            "UPDATE provision_windows SET approved_at = $1, approved_by = $2 \
+             WHERE machine_id = $3 AND closed_at IS NULL AND approved_at IS NULL \
+             AND approval_code_sha256 = $4",
+        )
+        .bind(now)
+        .bind(&event.actor)
+        .bind(id.0)
+        .bind(code_sha256)
         .execute(&mut *tx)
         .await?;
         if r.rows_affected() == 0 {

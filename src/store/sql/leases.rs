@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::{Db, Row, Store, Tx};
 use crate::domain::{mac, MacAddr, MachineId};
 use crate::service::ports::{
-    ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation, StoreError,
+    CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation, StoreError,
 };
 use crate::store::group_commit::{WriteOp, MAX_BATCH};
 
@@ -281,6 +281,11 @@ impl LeaseStore for Store {
     ) -> Result<ClientFacts, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
+             (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
+             (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+              WHERE i.mac = $1) AS pin_relay, \
+             (SELECT p.circuit_id FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+              WHERE i.mac = $1) AS pin_circuit, \
              (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
              (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
              l.* FROM (SELECT 1 AS one) AS o LEFT JOIN \
@@ -294,8 +299,22 @@ impl LeaseStore for Store {
         .fetch_one(&self.lease_read)
         .await?;
         let reserved: Option<String> = row.try_get("reserved_ip")?;
+        let owner: Option<Uuid> = row.try_get("owner")?;
+        let pin_relay: Option<String> = row.try_get("pin_relay")?;
         let mut facts = ClientFacts {
             reserved_ip: reserved.and_then(|s| s.parse().ok()),
+            machine: owner.map(MachineId),
+            // The hot path compares relay and circuit only; the rest is for `circuit_pin`.
+            pin: match pin_relay {
+                Some(relay) => Some(CircuitPin {
+                    relay,
+                    circuit_id: row.try_get("pin_circuit")?,
+                    remote_id: None,
+                    pinned_at: chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+                    pinned_by: String::new(),
+                }),
+                None => None,
+            },
             ..Default::default()
         };
         for (ip, col) in ips.iter().zip(["first_reserved", "second_reserved"]) {
@@ -310,4 +329,82 @@ impl LeaseStore for Store {
         }
         Ok(facts)
     }
+
+    async fn pin_circuit(
+        &self,
+        machine: MachineId,
+        pin: &CircuitPin,
+    ) -> Result<CircuitPin, StoreError> {
+        let (_turn, mut tx) = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO dhcp_circuit_pins (machine_id, relay, circuit_id, remote_id, pinned_at, pinned_by) \
+             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (machine_id) DO NOTHING",
+        )
+        .bind(machine.0)
+        .bind(&pin.relay)
+        .bind(&pin.circuit_id)
+        .bind(&pin.remote_id)
+        .bind(pin.pinned_at)
+        .bind(&pin.pinned_by)
+        .execute(&mut *tx)
+        .await?;
+        let row = sqlx::query(&format!(
+            "SELECT {PIN_COLS} FROM dhcp_circuit_pins WHERE machine_id = $1"
+        ))
+        .bind(machine.0)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        pin_row(&row)
+    }
+
+    async fn circuit_pin(&self, machine: MachineId) -> Result<Option<CircuitPin>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {PIN_COLS} FROM dhcp_circuit_pins WHERE machine_id = $1"
+        ))
+        .bind(machine.0)
+        .fetch_optional(&self.read)
+        .await?;
+        row.as_ref().map(pin_row).transpose()
+    }
+
+    async fn set_circuit_pin(
+        &self,
+        machine: MachineId,
+        pin: Option<&CircuitPin>,
+    ) -> Result<(), StoreError> {
+        let (_turn, mut tx) = self.begin_write().await?;
+        sqlx::query("DELETE FROM dhcp_circuit_pins WHERE machine_id = $1")
+            .bind(machine.0)
+            .execute(&mut *tx)
+            .await?;
+        if let Some(pin) = pin {
+            sqlx::query(
+                "INSERT INTO dhcp_circuit_pins (machine_id, relay, circuit_id, remote_id, pinned_at, pinned_by) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(machine.0)
+            .bind(&pin.relay)
+            .bind(&pin.circuit_id)
+            .bind(&pin.remote_id)
+            .bind(pin.pinned_at)
+            .bind(&pin.pinned_by)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+const PIN_COLS: &str = "relay, circuit_id, remote_id, pinned_at, pinned_by";
+
+fn pin_row(r: &Row) -> Result<CircuitPin, StoreError> {
+    Ok(CircuitPin {
+        relay: r.try_get("relay")?,
+        circuit_id: r.try_get("circuit_id")?,
+        remote_id: r.try_get("remote_id")?,
+        pinned_at: r.try_get("pinned_at")?,
+        pinned_by: r.try_get("pinned_by")?,
+    })
 }

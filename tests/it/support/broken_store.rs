@@ -14,11 +14,11 @@ use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
 };
 use plinth::service::ports::{
-    BmcCapabilityStore, CapabilityRecord, ClientFacts, ClusterRecord, ConfigStore, ConfigWrite,
-    Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim, LeaseState, LeaseStore,
-    MachineFilter, MachinePage, MachinePatches, MachineRecord, MachineStore, NewEvent, NewToken,
-    ProfileSpec, ProvisionWindow, Reinstall, ReinstallStore, Reservation, ServedConfig, Stage,
-    StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
+    Approval, BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord,
+    ConfigStore, ConfigWrite, Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim,
+    LeaseState, LeaseStore, MachineFilter, MachinePage, MachinePatches, MachineRecord,
+    MachineStore, NewEvent, NewToken, ProfileSpec, ProvisionWindow, Reinstall, ReinstallStore,
+    Reservation, ServedConfig, Stage, StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
 };
 use uuid::Uuid;
 
@@ -340,6 +340,29 @@ impl LeaseStore for BrokenStore {
         let s = self.port(Port::Leases)?;
         s.leases.client_facts(subnet, mac, ips).await
     }
+    async fn pin_circuit(
+        &self,
+        machine: MachineId,
+        pin: &CircuitPin,
+    ) -> Result<CircuitPin, StoreError> {
+        self.port(Port::Leases)?
+            .leases
+            .pin_circuit(machine, pin)
+            .await
+    }
+    async fn circuit_pin(&self, machine: MachineId) -> Result<Option<CircuitPin>, StoreError> {
+        self.port(Port::Leases)?.leases.circuit_pin(machine).await
+    }
+    async fn set_circuit_pin(
+        &self,
+        machine: MachineId,
+        pin: Option<&CircuitPin>,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Leases)?
+            .leases
+            .set_circuit_pin(machine, pin)
+            .await
+    }
 }
 
 #[async_trait]
@@ -441,6 +464,31 @@ impl ConfigStore for BrokenStore {
         let s = self.port(Port::Configs)?;
         s.configs.close_window(id, now, reason, event).await
     }
+    async fn approval(&self, id: MachineId) -> Result<Option<Approval>, StoreError> {
+        self.port(Port::Configs)?.configs.approval(id).await
+    }
+    async fn set_approval_code(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Configs)?
+            .configs
+            .set_approval_code(id, code_sha256)
+            .await
+    }
+    async fn approve(
+        &self,
+        id: MachineId,
+        code_sha256: &str,
+        now: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Configs)?
+            .configs
+            .approve(id, code_sha256, now, event)
+            .await
+    }
 }
 
 #[async_trait]
@@ -478,6 +526,21 @@ impl ReinstallStore for BrokenStore {
 impl StoreHealth for BrokenStore {
     async fn ping(&self) -> Result<(), StoreError> {
         self.port(Port::Health)?.health.ping().await
+    }
+    async fn write_probe(&self, instance: &str) -> Result<(), StoreError> {
+        self.port(Port::Health)?.health.write_probe(instance).await
+    }
+    async fn key_fingerprint(&self) -> Result<Option<String>, StoreError> {
+        self.port(Port::Health)?.health.key_fingerprint().await
+    }
+    async fn claim_key_fingerprint(&self, fingerprint: &str) -> Result<String, StoreError> {
+        self.port(Port::Health)?
+            .health
+            .claim_key_fingerprint(fingerprint)
+            .await
+    }
+    async fn holds_sealed_values(&self) -> Result<bool, StoreError> {
+        self.port(Port::Health)?.health.holds_sealed_values().await
     }
 }
 

@@ -220,6 +220,21 @@ pub fn lease_claim(
 }
 
 /// The PostgreSQL admin URL for tests: DATABASE_URL, or the local server of the dev machines.
+/// Write a fresh secret key to `path`, mode 0600 (Plinth refuses a key file others may read).
+pub fn write_key(path: &std::path::Path) {
+    use std::io::Write as _;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.mode(0o600);
+    }
+    opts.open(path)
+        .and_then(|mut f| f.write_all(plinth::service::SecretBox::generate_key_text().as_bytes()))
+        .expect("write the secret key");
+}
+
 pub fn pg_admin_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
@@ -331,7 +346,7 @@ pub fn config(db: &TestDb, extra_toml: &str) -> plinth::config::Config {
     );
     let key = db.dir.path().join("test.key");
     if !key.exists() {
-        let _ = std::fs::write(&key, plinth::service::SecretBox::generate_key_text());
+        write_key(&key);
     }
     RawConfig::parse(&toml)
         .expect("test config")

@@ -251,11 +251,7 @@ lease_seconds = 600
         .status()
         .expect("fetch.sh");
     assert!(st.success(), "ipxe/fetch.sh");
-    std::fs::write(
-        dir.join("secret.key"),
-        plinth::service::SecretBox::generate_key_text(),
-    )
-    .expect("key");
+    super::write_key(&dir.join("secret.key"));
     let p = dir.join("plinth.toml");
     std::fs::write(&p, text).expect("config");
     p
