@@ -70,6 +70,7 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(machines::set_state),
         )
         .route("/machines/{id}/config", get(configs::status))
+        .route("/machines/{id}/status", get(machines::status))
         .route("/machines/{id}/timeline", get(boot::timeline))
         .route(
             "/machines/{id}/provision",

@@ -33,7 +33,7 @@ impl Modify for Bearer {
     paths(
         super::healthz,
         machines::create, machines::show, machines::update, machines::remove, machines::list,
-        machines::lookup, machines::import, machines::events, machines::set_state,
+        machines::lookup, machines::import, machines::events, machines::set_state, machines::status,
         tokens::create, tokens::list, tokens::revoke,
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
@@ -49,7 +49,7 @@ impl Modify for Bearer {
         MediaReport, InspectionReport, FieldChange, InspectConflict, CapabilityRecord, PowerAction,
         BootTarget, BootMode, BootOverride, VirtualMediaStatus, MediaLocation, InspectedHardware,
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
-        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
+        ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange, machines::MachineStatus, machines::StatusMachine,
         crate::service::machine_config::ConfigStatus, configs::OpenWindow, configs::WindowOpened, crate::service::ProvisionWindow,
         workflows::ReinstallRequest, crate::service::workflow::Started, crate::service::workflow::Cancelled, crate::service::Reinstall, crate::service::Stage,
         super::clusters::BootstrapRequest, super::clusters::CredentialRequest,
