@@ -299,6 +299,12 @@ impl DescriptorBudget {
             tftp: share(1, max.tftp),
         }
     }
+
+    /// A client's share of a door's `cap`: a quarter at most (at least one), so that one client
+    /// cannot hold a door alone.
+    pub fn per_client(&self, cap: usize) -> usize {
+        (cap / 4).max(1)
+    }
 }
 
 /// Run the front door `serve` makes on a Tokio runtime of its own (`workers` threads, driven from
@@ -412,8 +418,18 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let identities = Identities::new(stores.machines.clone(), stores.leases.clone());
+    identities.register(&metrics);
     let timeline = Timeline::start(stores.events.clone(), identities.clone(), shutdown.clone());
     timeline.register(&metrics);
+    if let Some(d) = &config.dhcp {
+        if config.tftp.is_none() {
+            tracing::warn!("TFTP is off: PXE firmware is still offered iPXE over TFTP from this server and will time out before its next boot option; UEFI HTTP boot and iPXE clients are served over HTTP");
+        }
+        for s in crate::domain::dhcp::unresolvable_http_boot(&d.boot_url, &d.subnets) {
+            tracing::warn!(subnet = %s.net, boot_url = %d.boot_url,
+                "UEFI HTTP boot clients of this subnet cannot resolve the boot URL's host name: give the subnet `dns` servers, or make [boot] public_url an IPv4 address");
+        }
+    }
     let dhcp_engine = config.dhcp.as_ref().map(|d| {
         Arc::new(DhcpService::new(
             stores.leases.clone(),
@@ -478,6 +494,9 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     });
     let mut dhcp = Vec::new();
     if let Some(d) = &config.dhcp {
+        if config.tftp.is_none() {
+            tracing::warn!("TFTP is off: PXE firmware is still offered iPXE over TFTP from this server and will time out before its next boot option; UEFI HTTP boot and iPXE clients are served over HTTP");
+        }
         for s in &dhcp_sockets {
             let port = s.socket.local_addr().map(|a| a.port()).unwrap_or(0);
             dhcp.push(format!("{}:{port}", s.interface.as_deref().unwrap_or("*")));
@@ -500,7 +519,9 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
             max_block_size: t.max_block_size,
             max_window_size: t.max_window_size,
             max_transfers: budget.tftp,
-            max_per_client: tftp_defaults.max_per_client.min(budget.tftp),
+            max_per_client: tftp_defaults
+                .max_per_client
+                .min(budget.per_client(budget.tftp)),
         };
         let (service, m, stop) = (provisioning.clone(), metrics.clone(), shutdown.clone());
         let done = on_own_runtime("plinth-tftp", 2, move || {
@@ -555,12 +576,18 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         max_body_bytes: config.max_body_bytes,
         provisioning,
         events: crate::service::EventFeed::new(stores.events.clone(), stores.tokens.clone()),
+        secure_cookies: config
+            .boot_public_url
+            .as_deref()
+            .is_some_and(|u| u.to_ascii_lowercase().starts_with("https://")),
     };
     if let Some(l) = images_listener {
         let (st, stop) = (state.clone(), shutdown.clone());
         let limits = http::images_listener::Limits {
             max_connections: budget.images,
-            max_per_client: images_limits.max_per_client.min(budget.images),
+            max_per_client: images_limits
+                .max_per_client
+                .min(budget.per_client(budget.images)),
             ..images_limits
         };
         tasks.spawn(async move {
@@ -574,7 +601,9 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     let stop = shutdown.clone();
     let limits = http::serve::Limits {
         max_connections: budget.http,
-        max_per_client: main_limits.max_per_client.min(budget.http),
+        max_per_client: main_limits
+            .max_per_client
+            .min(budget.per_client(budget.http)),
         ..main_limits
     };
     tasks.spawn(async move {

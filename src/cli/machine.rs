@@ -14,6 +14,7 @@ use serde_json::{json, Map, Value};
 use super::api::{urlencode, ApiArgs, ApiClient};
 use super::events;
 
+mod edit;
 mod status;
 use super::output::{columns_that_fit, emit, s, say, table, wide_table};
 
@@ -70,15 +71,37 @@ pub enum MachineCommand {
     },
     /// Change fields: `--set rack=r12 --set rack_unit=7 --set bmc.url=https://10.0.0.5`; an empty
     /// value clears the field; values that are JSON (numbers, arrays, objects) are sent as JSON.
+    /// `--nic MAC --set ipv4=...` changes one NIC; `--rack r21 --set ...` (or --site, --cluster,
+    /// --role) every machine there, after printing the count and asking (`--yes` skips it).
     Edit {
-        /// The machine.
-        machine: String,
+        /// The machine (or, instead, a selection: --rack, --site, --cluster, --role).
+        #[arg(required_unless_present_any = ["rack", "site", "cluster", "role"])]
+        machine: Option<String>,
         /// key=value.
         #[arg(long = "set", value_name = "KEY=VALUE")]
         set: Vec<String>,
         /// A JSON merge patch file.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// Change one NIC of the machine, by its MAC: `--nic MAC --set ipv4=10.0.0.30` (keys mac,
+        /// ipv4, boot, name); its other NICs stay as they are.
+        #[arg(long, value_name = "MAC", requires = "machine")]
+        nic: Option<String>,
+        /// Every machine of this rack (a bulk edit: prints the count and asks first).
+        #[arg(long, conflicts_with = "machine")]
+        rack: Option<String>,
+        /// Every machine of this site.
+        #[arg(long, conflicts_with = "machine")]
+        site: Option<String>,
+        /// Every machine of this cluster.
+        #[arg(long, conflicts_with = "machine")]
+        cluster: Option<String>,
+        /// Every machine of this role.
+        #[arg(long, conflicts_with = "machine")]
+        role: Option<String>,
+        /// Bulk edit without asking.
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
     /// Inspect a machine through its BMC and update the inventory; prints what changed and the
     /// conflicts that were not written.
@@ -173,6 +196,13 @@ pub enum MachineCommand {
         /// csv or json (default: from the file name).
         #[arg(long)]
         format: Option<String>,
+        /// Rows that match a machine by --key replace it (state, id and history kept); the
+        /// others are created. Still one transaction.
+        #[arg(long)]
+        update: bool,
+        /// What --update matches rows by: mac (the row's boot NIC), serial or hostname.
+        #[arg(long, default_value = "mac", requires = "update")]
+        key: String,
     },
 }
 
@@ -617,7 +647,44 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             let (_, m) = api.get_machine(&machine).await?;
             emit(json_out, &m, print_machine);
         }
-        MachineCommand::Edit { machine, set, file } => {
+        MachineCommand::Edit {
+            machine,
+            set,
+            file,
+            nic,
+            rack,
+            site,
+            cluster,
+            role,
+            yes,
+        } => {
+            let Some(machine) = machine else {
+                let selection = edit::selection(&rack, &site, &cluster, &role);
+                let mut patch = set_patch(&set)?;
+                if let Some(f) = file {
+                    let text = std::fs::read_to_string(&f)
+                        .with_context(|| format!("cannot read {}", f.display()))?;
+                    let from_file: Value = serde_json::from_str(&text)
+                        .with_context(|| format!("{} is not JSON", f.display()))?;
+                    crate::service::inventory::merge_patch(&mut patch, &from_file);
+                }
+                edit::require_changes(&patch)?;
+                return edit::bulk(&api, &selection, &patch, yes, json_out).await;
+            };
+            if let Some(mac) = nic {
+                let (version, m) = api.get_machine(&machine).await?;
+                let id = s(&m["id"]);
+                let patch = edit::nic_patch(&m, &mac, &set)?;
+                let (_, m) = api
+                    .send(
+                        api.req(Method::PATCH, &format!("/machines/{id}"))
+                            .header(reqwest::header::IF_MATCH, format!("\"{version}\""))
+                            .json(&patch),
+                    )
+                    .await?;
+                emit(json_out, &m, print_machine);
+                return Ok(());
+            }
             let mut patch = set_patch(&set)?;
             if let Some(f) = file {
                 let text = std::fs::read_to_string(&f)
@@ -840,7 +907,12 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 say(format!("removed {} ({id})", s(&m["hostname"])));
             }
         }
-        MachineCommand::Import { file, format } => {
+        MachineCommand::Import {
+            file,
+            format,
+            update,
+            key,
+        } => {
             let text =
                 std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
             let format = match format {
@@ -863,12 +935,25 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                 .send(
                     api.req(Method::POST, "/machines/import")
                         .query(&[("format", &format)])
+                        .query(
+                            &update
+                                .then_some(("update", key.as_str()))
+                                .into_iter()
+                                .collect::<Vec<_>>(),
+                        )
                         .header(reqwest::header::CONTENT_TYPE, ct)
                         .body(text),
                 )
                 .await?;
             if json_out {
                 say(&r);
+            } else if update {
+                say(format!(
+                    "imported {} machine(s), updated {}, unchanged {}",
+                    r["imported"],
+                    r["updated"].as_array().map_or(0, Vec::len),
+                    r["unchanged"]
+                ));
             } else {
                 say(format!("imported {} machine(s)", r["imported"]));
             }

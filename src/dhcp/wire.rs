@@ -404,4 +404,56 @@ mod tests {
         reply[0] = 2;
         assert_eq!(decode(&reply, false, &[]).err(), Some("not_a_request"));
     }
+
+    /// What UEFI HTTP boot firmware reads from an answer (EDK2 HttpBootDxe): option 60
+    /// `HTTPClient` (an offer without it is not an HTTP boot offer), the URL in option 67 and, when
+    /// it fits in 128 bytes, in the `file` field too; no TFTP server name (option 66).
+    #[test]
+    fn http_boot_answer_on_the_wire() {
+        let req_bytes = discover(&[
+            DhcpOption::ClientSystemArchitecture(16.into()),
+            DhcpOption::ClassIdentifier(b"HTTPClient:Arch:00016:UNDI:003001".to_vec()),
+        ]);
+        let req = v4::Message::decode(&mut Decoder::new(&req_bytes)).expect("request");
+        let answer = |file: &str| {
+            let reply = DhcpReply {
+                kind: ReplyKind::Offer,
+                yiaddr: Ipv4Addr::new(10, 0, 0, 100),
+                server_ip: Ipv4Addr::new(10, 0, 0, 1),
+                subnet: None,
+                lease_seconds: Some(600),
+                boot: Some(crate::domain::dhcp::BootAnswer {
+                    file: file.to_string(),
+                    http_client: true,
+                }),
+                pxe_vendor: false,
+                no_pxedhcp: false,
+                message: None,
+            };
+            let out = encode(&req, &reply).expect("encodes");
+            v4::Message::decode(&mut Decoder::new(&out)).expect("decodes")
+        };
+        let url = "http://10.0.0.1:8080/ipxe/ipxe.efi";
+        let m = answer(url);
+        assert_eq!(
+            m.opts().get(OptionCode::ClassIdentifier),
+            Some(&DhcpOption::ClassIdentifier(b"HTTPClient".to_vec()))
+        );
+        assert_eq!(
+            m.opts().get(OptionCode::BootfileName),
+            Some(&DhcpOption::BootfileName(url.as_bytes().to_vec()))
+        );
+        // The `file` field: the URL, NUL-terminated (RFC 2131 section 2).
+        let file = m.fname().unwrap_or_default();
+        assert_eq!(file.split(|b| *b == 0).next(), Some(url.as_bytes()));
+        assert!(m.opts().get(OptionCode::TFTPServerName).is_none());
+        // A URL too long for the 128-byte `file` field goes in option 67 only.
+        let long = format!("http://plinth.example:8080/{}/ipxe.efi", "a".repeat(120));
+        let m = answer(&long);
+        assert_eq!(
+            m.opts().get(OptionCode::BootfileName),
+            Some(&DhcpOption::BootfileName(long.as_bytes().to_vec()))
+        );
+        assert!(m.fname().unwrap_or_default().iter().all(|b| *b == 0));
+    }
 }

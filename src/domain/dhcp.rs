@@ -176,6 +176,31 @@ impl BootFiles {
     }
 }
 
+/// The subnets whose UEFI HTTP boot clients cannot resolve the boot URL: `http_base` names its
+/// host by a DNS name (not an IPv4 literal) and the subnet is Plinth's own (authoritative) but
+/// gives no DNS server (option 6). EDK2's HttpBootDxe resolves the URL's host with the DNS
+/// servers of the DHCP answer it took, and without one it cannot fetch the boot file.
+pub fn unresolvable_http_boot<'a>(http_base: &str, subnets: &'a [Subnet]) -> Vec<&'a Subnet> {
+    let host = http_base
+        .split_once("://")
+        .map_or(http_base, |(_, rest)| rest)
+        .split(['/', '?', '#'])
+        .next()
+        .unwrap_or("");
+    let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+    let name = match host.rsplit_once(':') {
+        Some((h, port)) if port.chars().all(|c| c.is_ascii_digit()) => h,
+        _ => host,
+    };
+    if name.is_empty() || name.starts_with('[') || name.parse::<Ipv4Addr>().is_ok() {
+        return Vec::new();
+    }
+    subnets
+        .iter()
+        .filter(|s| s.mode == SubnetMode::Authoritative && s.dns.is_empty())
+        .collect()
+}
+
 /// How Plinth serves a subnet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -457,6 +482,40 @@ mod tests {
             Some("http://10.0.0.1:8080/boot.ipxe".into())
         );
         assert_eq!(b.answer(BootClient::Plain), None);
+    }
+
+    #[test]
+    fn a_boot_url_by_name_needs_a_dns_server() {
+        let s = |mode: SubnetMode, dns: &[&str]| Subnet {
+            net: "10.0.0.0/24".parse().expect("net"),
+            mode,
+            server_ip: "10.0.0.1".parse().expect("ip"),
+            pool: vec![],
+            routers: vec![],
+            dns: dns.iter().map(|d| d.parse().expect("ip")).collect(),
+            ntp: vec![],
+            domain: None,
+            lease_seconds: 3600,
+            relay_agents: vec![],
+            unknown_permille: 500,
+            leases_per_circuit: 4,
+        };
+        let subnets = vec![
+            s(SubnetMode::Authoritative, &[]),
+            s(SubnetMode::Authoritative, &["10.0.0.53"]),
+            s(SubnetMode::Proxy, &[]),
+        ];
+        let bad = |url: &str| unresolvable_http_boot(url, &subnets).len();
+        assert_eq!(bad("http://plinth.example:8080"), 1);
+        assert_eq!(bad("http://plinth.example/"), 1);
+        assert_eq!(bad("https://user@plinth.example:443/x"), 1);
+        assert_eq!(
+            bad("http://10.0.0.1:8080"),
+            0,
+            "an IPv4 literal needs no DNS"
+        );
+        assert_eq!(bad("http://10.0.0.1"), 0);
+        assert_eq!(bad("http://[fd00::1]:8080"), 0);
     }
 
     #[test]

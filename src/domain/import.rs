@@ -1,11 +1,12 @@
-//! Bulk-import formats: a CSV sheet (one machine a row, one boot NIC plus extra MACs) or a JSON array
-//! of machine specs. Parsing keeps the line number of every row so that a refusal can name it.
+//! Bulk-import formats: a CSV sheet (one machine a row, one boot NIC plus extra MACs, up to
+//! [`CSV_MAX_DISKS`] disks in `diskN_*` columns) or a JSON array of machine specs. Parsing keeps
+//! the line number of every row so that a refusal can name it.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 
-use super::{BmcSpec, Interface, MacAddr, MachineSpec, ValidationErrors};
+use super::{BmcSpec, Disk, DiskType, Interface, MacAddr, MachineSpec, ValidationErrors};
 
 /// One parsed row of an import file.
 #[derive(Debug, Clone)]
@@ -71,6 +72,79 @@ pub const CSV_COLUMNS: &[&str] = &[
     "bmc_tls",
     "bmc_fingerprint",
 ];
+
+/// How many disks a CSV row can carry: columns `disk1_*` to `disk8_*`.
+pub const CSV_MAX_DISKS: usize = 8;
+
+/// The fields of each disk's columns: `disk1_serial`, `disk1_wwid`, ... (`disk1_data` marks a
+/// data disk: `true`/`false`, `yes`/`no`, empty meaning no).
+pub const CSV_DISK_FIELDS: &[&str] = &["serial", "wwid", "model", "size_bytes", "type", "data"];
+
+/// A header the CSV format knows: a fixed column or `diskN_FIELD` with N in 1..=8.
+fn known_column(h: &str) -> bool {
+    if CSV_COLUMNS.contains(&h) {
+        return true;
+    }
+    disk_column(h).is_some()
+}
+
+/// `diskN_FIELD` as (N - 1, FIELD).
+fn disk_column(h: &str) -> Option<(usize, &str)> {
+    let rest = h.strip_prefix("disk")?;
+    let (n, field) = rest.split_once('_')?;
+    let n: usize = n.parse().ok()?;
+    ((1..=CSV_MAX_DISKS).contains(&n) && CSV_DISK_FIELDS.contains(&field)).then_some((n - 1, field))
+}
+
+/// How `import --update` matches a row to the machine it replaces: the row's boot NIC (its
+/// first interface) by MAC, its serial, or its host name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ImportKey {
+    /// The boot NIC's MAC (the CSV `mac` column, a JSON row's first interface).
+    Mac,
+    /// The serial number.
+    Serial,
+    /// The host name.
+    Hostname,
+}
+
+impl ImportKey {
+    /// The row's value for this key, or `None` when the row has none.
+    pub fn of(&self, spec: &MachineSpec) -> Option<super::UniqueKey> {
+        use super::UniqueKey;
+        match self {
+            ImportKey::Mac => spec
+                .interfaces
+                .iter()
+                .find(|i| i.boot)
+                .or(spec.interfaces.first())
+                .map(|i| UniqueKey::Mac(i.mac)),
+            ImportKey::Serial => spec.serial.clone().map(UniqueKey::Serial),
+            ImportKey::Hostname => spec.hostname.clone().map(UniqueKey::Hostname),
+        }
+    }
+
+    /// The field a row must fill for this key (spec path).
+    pub fn field(&self) -> &'static str {
+        match self {
+            ImportKey::Mac => "interfaces[0].mac",
+            ImportKey::Serial => "serial",
+            ImportKey::Hostname => "hostname",
+        }
+    }
+}
+
+impl std::str::FromStr for ImportKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "mac" => Ok(ImportKey::Mac),
+            "serial" => Ok(ImportKey::Serial),
+            "hostname" => Ok(ImportKey::Hostname),
+            other => Err(format!("`{other}` is not mac, serial or hostname")),
+        }
+    }
+}
 
 /// Parse a whole file. A file-level problem (not CSV, unknown column, not a JSON array) is a single
 /// `RowError` with line 0 or the line where parsing stopped.
@@ -147,26 +221,21 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
             message: format!("cannot read the header row: {e}"),
         })?
         .clone();
-    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
     for (i, h) in headers.iter().enumerate() {
         let h = h.trim();
-        if !CSV_COLUMNS.contains(&h) {
+        if !known_column(h) {
             return Err(RowError {
                 line: 1,
                 field: h.to_string(),
                 message: format!(
-                    "unknown column; known columns are: {}",
-                    CSV_COLUMNS.join(", ")
+                    "unknown column; known columns are: {}, and per disk (N = 1..{CSV_MAX_DISKS}) diskN_{}",
+                    CSV_COLUMNS.join(", "),
+                    CSV_DISK_FIELDS.join(", diskN_")
                 ),
             });
         }
-        if index
-            .insert(
-                CSV_COLUMNS[CSV_COLUMNS.iter().position(|c| *c == h).unwrap_or(0)],
-                i,
-            )
-            .is_some()
-        {
+        if index.insert(h.to_string(), i).is_some() {
             return Err(RowError {
                 line: 1,
                 field: h.to_string(),
@@ -305,6 +374,7 @@ fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, Validati
             });
         }
     }
+    spec.disks = csv_disks(&mut errs, get);
     match (get("bmc_url"), get("bmc_username")) {
         (Some(url), Some(username)) => {
             spec.bmc = Some(BmcSpec {
@@ -338,7 +408,61 @@ fn csv_row(get: &dyn Fn(&str) -> Option<String>) -> Result<MachineSpec, Validati
     Err(all)
 }
 
+/// The disks of a row, in column order (`disk1_*` first); a disk is there when any of its columns
+/// is filled.
+fn csv_disks(errs: &mut ValidationErrors, get: &dyn Fn(&str) -> Option<String>) -> Vec<Disk> {
+    let mut disks = Vec::new();
+    for n in 1..=CSV_MAX_DISKS {
+        let col = |f: &str| format!("disk{n}_{f}");
+        if CSV_DISK_FIELDS.iter().all(|f| get(&col(f)).is_none()) {
+            continue;
+        }
+        let size_bytes = get(&col("size_bytes")).and_then(|s| match s.parse::<u64>() {
+            Ok(v) => Some(v),
+            Err(_) => {
+                errs.push(col("size_bytes"), format!("`{s}`: a whole number of bytes"));
+                None
+            }
+        });
+        let disk_type = get(&col("type")).and_then(|s| match s.parse::<DiskType>() {
+            Ok(t) => Some(t),
+            Err(e) => {
+                errs.push(col("type"), e);
+                None
+            }
+        });
+        let data_disk = match get(&col("data")).map(|s| s.to_ascii_lowercase()) {
+            None => false,
+            Some(v) if ["true", "yes", "1"].contains(&v.as_str()) => true,
+            Some(v) if ["false", "no", "0"].contains(&v.as_str()) => false,
+            Some(v) => {
+                errs.push(col("data"), format!("`{v}`: true or false"));
+                false
+            }
+        };
+        disks.push(Disk {
+            serial: get(&col("serial")),
+            wwid: get(&col("wwid")),
+            model: get(&col("model")),
+            size_bytes,
+            disk_type,
+            bus_path: None,
+            data_disk,
+        });
+    }
+    disks
+}
+
 fn csv_column_of(path: &str) -> String {
+    if let Some(rest) = path.strip_prefix("disks[") {
+        // disks[0].size_bytes -> disk1_size_bytes (the disks of a row are numbered from 1)
+        if let Some((i, field)) = rest.split_once("].") {
+            if let Ok(i) = i.parse::<usize>() {
+                let field = if field == "data_disk" { "data" } else { field };
+                return format!("disk{}_{field}", i + 1);
+            }
+        }
+    }
     match path {
         "interfaces[0].mac" => "mac".into(),
         "interfaces[0].ipv4" => "ipv4".into(),
@@ -376,6 +500,36 @@ mod tests {
             .map(|f| f.field.clone())
             .collect();
         assert_eq!(fields, ["rack_unit", "role", "hostname"]);
+    }
+
+    #[test]
+    fn csv_rows_carry_disks() {
+        let text = "hostname,mac,disk1_serial,disk1_model,disk1_size_bytes,disk1_type,disk2_wwid,disk2_size_bytes,disk2_type,disk2_data\n\
+                    n1,52:54:00:00:00:01,S6EX1,SAMSUNG MZQL2480HCJR,480103981056,nvme,eui.0025388,3840755982336,nvme,yes\n\
+                    n2,52:54:00:00:00:02,,,,,,,,\n\
+                    n3,52:54:00:00:00:03,S3,,480GB,tape,,,,maybe\n";
+        let rows = parse(ImportFormat::Csv, text).expect("parses");
+        let spec = rows[0].spec.as_ref().expect("row 1");
+        assert_eq!(spec.disks.len(), 2);
+        assert_eq!(spec.disks[0].serial.as_deref(), Some("S6EX1"));
+        assert_eq!(spec.disks[0].size_bytes, Some(480_103_981_056));
+        assert_eq!(spec.disks[0].disk_type, Some(DiskType::Nvme));
+        assert!(!spec.disks[0].data_disk);
+        assert_eq!(spec.disks[1].wwid.as_deref(), Some("eui.0025388"));
+        assert!(spec.disks[1].data_disk);
+        assert!(rows[1].spec.as_ref().expect("row 2").disks.is_empty());
+        let fields: Vec<_> = rows[2]
+            .spec
+            .as_ref()
+            .expect_err("bad disk")
+            .0
+            .iter()
+            .map(|f| f.field.clone())
+            .collect();
+        assert_eq!(fields, ["disk1_size_bytes", "disk1_type", "disk2_data"]);
+        assert_eq!(csv_column_of("disks[1].serial"), "disk2_serial");
+        assert!(parse(ImportFormat::Csv, "hostname,disk9_serial\nn,x\n").is_err());
+        assert!(parse(ImportFormat::Csv, "hostname,disk1_colour\nn,x\n").is_err());
     }
 
     #[test]

@@ -676,6 +676,21 @@ impl MachineSpec {
                 errs.push("bmc.tls", e);
             }
         }
+        if self.hostname.is_none()
+            && self.interfaces.is_empty()
+            && self.serial.is_none()
+            && self.asset_tag.is_none()
+            && self.smbios_uuid.is_none()
+            && self.bmc.is_none()
+        {
+            // Nothing could ever name or match it: not a booting NIC, not a person, not a BMC
+            // to inspect.
+            errs.push(
+                "hostname",
+                "a machine needs at least one identifier: hostname, interfaces[].mac, serial, \
+                 asset_tag, smbios_uuid or a bmc to inspect",
+            );
+        }
         errs.into_result().map(|()| self)
     }
 }
@@ -863,6 +878,30 @@ mod tests {
         let errs = spec.validate().expect_err("refused");
         assert_eq!(errs.0.len(), 1);
         assert_eq!(errs.0[0].field, "bmc.tls");
+    }
+
+    #[test]
+    fn a_machine_without_any_identifier_is_refused() {
+        let errs = MachineSpec {
+            rack: Some("r1".into()),
+            ..Default::default()
+        }
+        .validate()
+        .expect_err("refused");
+        assert_eq!(errs.0.len(), 1);
+        assert!(errs.0[0].message.contains("interfaces[].mac"), "{errs:?}");
+        for one in [
+            MachineSpec {
+                serial: Some("S1".into()),
+                ..Default::default()
+            },
+            MachineSpec {
+                hostname: Some("a".into()),
+                ..Default::default()
+            },
+        ] {
+            assert!(one.validate().is_ok());
+        }
     }
 
     #[test]

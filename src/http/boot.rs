@@ -60,6 +60,7 @@ pub async fn machine(
         ScriptOutcome::Served => StatusCode::OK,
         ScriptOutcome::BadRequest => StatusCode::BAD_REQUEST,
         ScriptOutcome::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ScriptOutcome::Deferred => StatusCode::TOO_MANY_REQUESTS,
     };
     script(status, answer.script)
 }
@@ -80,15 +81,28 @@ pub async fn timeline(
     Ok(axum::Json(s.provisioning.timeline_of(m.id).await?))
 }
 
-/// `GET|HEAD /ipxe/{file}`: iPXE binaries for UEFI HTTP boot.
+/// `GET|HEAD /ipxe/{file}`: iPXE binaries for UEFI HTTP boot. An `.efi` file is sent as
+/// `application/efi`, the type the UEFI specification's HTTP boot section gives EFI images (EDK2's
+/// HttpBootDxe decides the image type from `Content-Type` first and only then from the URL's
+/// extension), always with its exact `Content-Length` (the firmware asks for it with a `HEAD`
+/// before the `GET`) and never through a redirect.
 pub async fn ipxe_binary(
     State(s): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     Path(file): Path<String>,
     method: Method,
     headers: HeaderMap,
 ) -> Response {
-    match s.provisioning.ipxe_file(&file).await {
-        Ok(p) => super::files::serve_file(&p, None, &method, &headers).await,
+    let whole_get = method == Method::GET && !headers.contains_key(header::RANGE);
+    match s.provisioning.ipxe_file(&file, peer.ip(), whole_get).await {
+        Ok(p) => {
+            let kind = if file.ends_with(".efi") {
+                super::files::EFI_IMAGE
+            } else {
+                super::files::OCTET_STREAM
+            };
+            super::files::serve_file(&p, None, kind, &method, &headers).await
+        }
         Err(FileRefusal::NotFound | FileRefusal::Denied) => StatusCode::NOT_FOUND.into_response(),
         Err(FileRefusal::Unavailable) => StatusCode::SERVICE_UNAVAILABLE.into_response(),
     }
@@ -122,7 +136,16 @@ pub async fn image(
         whole_get: method == Method::GET && !headers.contains_key(header::RANGE),
     };
     match s.provisioning.image(&r).await {
-        Ok(found) => super::files::serve_file(&found.path, found.sha256, &method, &headers).await,
+        Ok(found) => {
+            super::files::serve_file(
+                &found.path,
+                found.sha256,
+                super::files::OCTET_STREAM,
+                &method,
+                &headers,
+            )
+            .await
+        }
         Err(refusal) => image_refusal(refusal).into_response(),
     }
 }

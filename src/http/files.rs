@@ -147,10 +147,16 @@ pub(crate) async fn open(path: &Path) -> Option<(std::fs::File, std::fs::Metadat
     }
 }
 
-/// Serve `path`. `digest` (hex SHA-256), when known, makes the ETag.
+/// `Content-Type` of files with no type of their own (kernels, initramfs, BIOS iPXE).
+pub(crate) const OCTET_STREAM: &str = "application/octet-stream";
+/// `Content-Type` of an EFI image (UEFI specification, HTTP boot: `application/efi`).
+pub(crate) const EFI_IMAGE: &str = "application/efi";
+
+/// Serve `path` as `content_type`. `digest` (hex SHA-256), when known, makes the ETag.
 pub async fn serve_file(
     path: &Path,
     digest: Option<String>,
+    content_type: &'static str,
     method: &Method,
     headers: &HeaderMap,
 ) -> Response {
@@ -172,7 +178,7 @@ pub async fn serve_file(
         .status(a.status)
         .header(header::ETAG, a.etag.as_str())
         .header(header::ACCEPT_RANGES, "bytes")
-        .header(header::CONTENT_TYPE, "application/octet-stream");
+        .header(header::CONTENT_TYPE, content_type);
     if let Some(t) = &a.last_modified {
         b = b.header(header::LAST_MODIFIED, t.as_str());
     }

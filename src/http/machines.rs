@@ -336,6 +336,9 @@ pub async fn lookup(
 pub struct ImportParams {
     /// `csv` or `json`; default from Content-Type.
     pub format: Option<String>,
+    /// `mac`, `serial` or `hostname`: a row whose value of this key belongs to a machine replaces
+    /// that machine (state, id and history kept); other rows are created. One transaction.
+    pub update: Option<String>,
 }
 
 /// Result of an import.
@@ -345,6 +348,12 @@ pub struct ImportResult {
     pub imported: usize,
     /// Their ids, in file order.
     pub ids: Vec<MachineId>,
+    /// With `update`: machines replaced by their row, in file order.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub updated: Option<Vec<MachineId>>,
+    /// With `update`: rows that matched a machine already like them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unchanged: Option<usize>,
 }
 
 /// Import many machines from CSV (`text/csv`) or a JSON array (`application/json`) as one
@@ -384,17 +393,40 @@ pub async fn import(
             ))
         }
     };
+    let update_key = match p.update.as_deref() {
+        None => None,
+        Some(k) => Some(
+            k.parse::<import::ImportKey>()
+                .map_err(|e| ApiError::bad_field("update", e))?,
+        ),
+    };
     let bytes = body_bytes(req, &s).await?;
     let text = std::str::from_utf8(&bytes)
         .map_err(|e| ApiError::bad_field("body", format!("not UTF-8: {e}")))?;
     let rows = import::parse(format, text)
         .map_err(|e| ApiError::from(crate::service::ServiceError::ImportRejected(vec![e])))?;
     let n = rows.len();
+    if let Some(key) = update_key {
+        let out = s
+            .inventory
+            .import_update(rows, key, &caller.actor())
+            .await?;
+        tracing::info!(rows = n, created = out.created.len(), updated = out.updated.len(),
+            unchanged = out.unchanged, actor = %caller.actor(), "import with update applied");
+        return Ok(Json(ImportResult {
+            imported: out.created.len(),
+            ids: out.created,
+            updated: Some(out.updated),
+            unchanged: Some(out.unchanged),
+        }));
+    }
     let ids = s.inventory.import(rows, &caller.actor()).await?;
     tracing::info!(rows = n, actor = %caller.actor(), "import applied");
     Ok(Json(ImportResult {
         imported: ids.len(),
         ids,
+        updated: None,
+        unchanged: None,
     }))
 }
 

@@ -1,11 +1,12 @@
-//! The HTTP front door: the `/api/v1` inventory API, `/healthz`, `/metrics` and the OpenAPI
-//! document. Handlers decode the request, call the service, and encode the answer; they never touch
+//! The HTTP front door: the `/api/v1` inventory API, `/healthz`, `/metrics`, the OpenAPI
+//! document, and the web console (`console`: `/` and `/console/...`). Handlers decode the request, call the service, and encode the answer; they never touch
 //! SQL. Must not import `store` or any other front door.
 
 mod bmc;
 mod boot;
 mod clusters;
 mod configs;
+mod console;
 pub mod error;
 pub mod extract;
 mod files;
@@ -51,6 +52,8 @@ pub struct AppState {
     pub workflows: crate::service::Workflows,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
+    /// Mark the console's session cookie `Secure` (the public URL is https).
+    pub secure_cookies: bool,
 }
 
 /// The whole HTTP application.
@@ -112,6 +115,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ipxe/{file}", get(boot::ipxe_binary))
         .route("/images/{schematic}/{version}/{file}", get(boot::image))
         .route("/metrics", get(metrics::export))
+        .merge(console::routes())
         .fallback(|| async {
             error::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
         })

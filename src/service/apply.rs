@@ -176,19 +176,12 @@ pub async fn apply(
     // plus the declared ones.
     let patches: HashMap<MachineId, MachinePatches> =
         configs.all_machine_patches().await?.into_iter().collect();
-    let mut current: Vec<Machine> = Vec::new();
-    let mut filter = MachineFilter {
-        limit: 1000,
-        ..Default::default()
-    };
-    loop {
-        let page = inventory.list(&filter).await?;
-        current.extend(page.items);
-        match page.next_cursor.and_then(|c| c.parse().ok()) {
-            Some(n) => filter.after = Some(n),
-            None => break,
-        }
-    }
+    let current: Vec<Machine> = inventory
+        .all(&MachineFilter {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await?;
     let mut by_host: HashMap<String, usize> = HashMap::new();
     for (i, m) in current.iter().enumerate() {
         if let Some(h) = &m.hostname {

@@ -470,21 +470,12 @@ impl Clusters {
 
     /// Every machine of a cluster.
     async fn machines(&self, cluster: &str) -> Result<Vec<Machine>, ServiceError> {
-        let mut out = Vec::new();
-        let mut filter = MachineFilter {
+        let filter = MachineFilter {
             cluster: Some(cluster.to_string()),
             limit: 1000,
             ..Default::default()
         };
-        loop {
-            let page = self.machines.list_machines(&filter).await?;
-            out.extend(page.items);
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(n) => filter.after = Some(n),
-                None => break,
-            }
-        }
-        Ok(out)
+        Ok(self.machines.all_machines(&filter).await?)
     }
 
     async fn verifications(&self) -> Result<HashMap<MachineId, NodeVerification>, ServiceError> {

@@ -20,10 +20,10 @@ use serde_json::{json, Value};
 use super::error::ServiceError;
 use super::ports::{
     ConfigStore, Event, EventFilter, EventStore, MachineFilter, MachinePage, MachineRecord,
-    MachineStore, NewEvent, PasswordChange, StoreError, StoreHealth,
+    MachineStore, MachineUpdate, NewEvent, PasswordChange, StoreError, StoreHealth,
 };
 use super::secrets::SecretBox;
-use crate::domain::import::{ParsedRow, RowError as DomainRowError};
+use crate::domain::import::{ImportKey, ParsedRow, RowError as DomainRowError};
 use crate::domain::{
     spec_diff, unique_keys, Conflict, LifecycleState, Machine, MachineId, MachineRef, MachineSpec,
     UniqueKey, ValidationErrors,
@@ -76,6 +76,17 @@ pub struct Edited {
     pub machine: Machine,
     /// Side effects in words, e.g. a BMC password discarded because the BMC's origin changed.
     pub notices: Vec<String>,
+}
+
+/// What an `import --update` did.
+#[derive(Clone, Debug, Default)]
+pub struct ImportOutcome {
+    /// Machines created (rows that matched none), in file order.
+    pub created: Vec<MachineId>,
+    /// Machines replaced by their row, in file order.
+    pub updated: Vec<MachineId>,
+    /// Rows that matched a machine already exactly like them.
+    pub unchanged: usize,
 }
 
 /// What `reseal_bmc_passwords` did.
@@ -249,6 +260,26 @@ impl Inventory {
     /// A page of machines.
     pub async fn list(&self, filter: &MachineFilter) -> Result<MachinePage, ServiceError> {
         Ok(self.machines.list_machines(filter).await?)
+    }
+
+    /// Every machine `filter` selects, read page by page (`filter.limit` a page).
+    pub async fn all(&self, filter: &MachineFilter) -> Result<Vec<Machine>, ServiceError> {
+        Ok(self.machines.all_machines(filter).await?)
+    }
+
+    /// A page of a sorted table of machines (the database sorts and pages; see
+    /// `MachineStore::machine_table`).
+    pub async fn table(
+        &self,
+        filter: &MachineFilter,
+        sort: crate::service::ports::MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, ServiceError> {
+        Ok(self
+            .machines
+            .machine_table(filter, sort, descending, offset)
+            .await?)
     }
 
     /// Apply a JSON merge patch (RFC 7386) to a machine's spec. `expected_version` comes from
@@ -492,6 +523,141 @@ impl Inventory {
         }
     }
 
+    /// Import with update (`import --update`): a row whose `key` value belongs to a machine
+    /// replaces that machine's spec (state, id and history kept; a BMC password the row does not
+    /// give is kept unless the BMC's origin moved), the other rows are created; one transaction.
+    /// Every bad row is reported and then nothing changes: a row without the key, a unique value
+    /// repeated in the file, or one that belongs to a machine other than the row's own.
+    pub async fn import_update(
+        &self,
+        rows: Vec<ImportRow>,
+        key: ImportKey,
+        actor: &str,
+    ) -> Result<ImportOutcome, ServiceError> {
+        let mut errors: Vec<DomainRowError> = Vec::new();
+        let mut good: Vec<(ImportRow, MachineSpec, UniqueKey)> = Vec::new();
+        for row in rows {
+            match row.spec.clone().and_then(|s| s.validate()) {
+                Ok(spec) => match key.of(&spec) {
+                    Some(k) => good.push((row, spec, k)),
+                    None => errors.push(RowError {
+                        line: row.line,
+                        field: row.field_name(key.field()),
+                        message: "required: --update matches rows to machines by it".into(),
+                    }),
+                },
+                Err(e) => errors.extend(e.0.into_iter().map(|fe| RowError {
+                    line: row.line,
+                    field: fe.field,
+                    message: fe.message,
+                })),
+            }
+        }
+        let mut seen: HashMap<UniqueKey, usize> = HashMap::new();
+        let mut all_keys = Vec::new();
+        for (i, (row, spec, _)) in good.iter().enumerate() {
+            for (path, k) in unique_keys(spec) {
+                let field = row.field_name(&path);
+                if let Some(first) = seen.get(&k) {
+                    errors.push(RowError {
+                        line: row.line,
+                        field,
+                        message: format!("{k} is also on line {first}"),
+                    });
+                } else {
+                    seen.insert(k.clone(), row.line);
+                    all_keys.push((i, field, k));
+                }
+            }
+        }
+        let plain: Vec<UniqueKey> = all_keys.iter().map(|(_, _, k)| k.clone()).collect();
+        let mut owners: HashMap<UniqueKey, MachineRef> = HashMap::new();
+        for chunk in plain.chunks(2000) {
+            owners.extend(self.machines.owners(chunk).await?);
+        }
+        // The machine each row replaces: the owner of its key value.
+        let matched: Vec<Option<MachineId>> = good
+            .iter()
+            .map(|(_, _, k)| owners.get(k).map(|o| o.id))
+            .collect();
+        for (i, field, k) in &all_keys {
+            if let Some(owner) = owners.get(k) {
+                if Some(owner.id) != matched[*i] {
+                    errors.push(RowError {
+                        line: good[*i].0.line,
+                        field: field.clone(),
+                        message: format!(
+                            "{k} already belongs to machine {} ({})",
+                            owner.name, owner.id
+                        ),
+                    });
+                }
+            }
+        }
+        if !errors.is_empty() {
+            errors.sort_by_key(|e| e.line);
+            return Err(ServiceError::ImportRejected(errors));
+        }
+        let mut out = ImportOutcome::default();
+        let mut creates = Vec::new();
+        let mut updates = Vec::new();
+        for ((_, spec, _), matched) in good.into_iter().zip(matched) {
+            let Some(id) = matched else {
+                let id = MachineId::new();
+                creates.push((id, self.record(id, spec, false)));
+                out.created.push(id);
+                continue;
+            };
+            let current = self.get(id).await?;
+            let before = current.spec();
+            let moved = bmc_moved(&current, &spec);
+            let mut changes = spec_diff(Some(&before), Some(&spec));
+            let password_given = spec.bmc.as_ref().is_some_and(|b| b.password.is_some());
+            if changes.as_object().is_some_and(|c| c.is_empty()) && !password_given {
+                out.unchanged += 1;
+                continue;
+            }
+            if let (Some(m), Value::Object(c)) = (&moved, &mut changes) {
+                c.insert(
+                    "bmc.password".into(),
+                    json!(format!(
+                        "discarded: the BMC origin changed from {} to {}",
+                        m.from, m.to
+                    )),
+                );
+            }
+            updates.push(MachineUpdate {
+                id,
+                expected_version: current.version,
+                rec: self.record(id, spec, moved.is_some()),
+                event: NewEvent {
+                    machine_id: Some(id),
+                    kind: "machine.updated".into(),
+                    actor: actor.into(),
+                    detail: json!({"version": current.version + 1, "import": true, "changes": changes}),
+                },
+            });
+            out.updated.push(id);
+        }
+        match self
+            .machines
+            .import_and_update(&creates, &updates, actor)
+            .await
+        {
+            Ok(()) => Ok(out),
+            Err(StoreError::Conflict(_) | StoreError::VersionMismatch { .. }) => {
+                Err(ServiceError::ImportRejected(vec![RowError {
+                    line: 0,
+                    field: "-".into(),
+                    message: "another writer changed the same machines or values meanwhile; \
+                              nothing imported, retry"
+                        .into(),
+                }]))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Move a machine to another lifecycle state. Refused (`InvalidTransition`) when the lifecycle
     /// does not allow it; the same state again is a no-op. `failed` needs a reason. A state set by
     /// anyone but Plinth itself ([`PLINTH_ACTOR`]) holds off the automatic reinstall.
@@ -641,21 +807,23 @@ impl Inventory {
     /// failing that, at the next start).
     pub async fn reseal_bmc_passwords(&self, actor: &str) -> Result<Resealed, ServiceError> {
         let mut done = Resealed::default();
-        let mut filter = MachineFilter {
+        let mut with_password = Vec::new();
+        let every = MachineFilter {
             limit: 1000,
             ..Default::default()
         };
-        loop {
-            let page = self.machines.list_machines(&filter).await?;
-            for m in &page.items {
-                if m.bmc.as_ref().is_some_and(|b| b.has_password) {
-                    self.reseal_one(m.id, actor, &mut done).await?;
-                }
-            }
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(next) => filter.after = Some(next),
-                None => break,
-            }
+        self.machines
+            .visit_machines(&every, &mut |page| {
+                with_password.extend(
+                    page.iter()
+                        .filter(|m| m.bmc.as_ref().is_some_and(|b| b.has_password))
+                        .map(|m| m.id),
+                );
+                true
+            })
+            .await?;
+        for id in with_password {
+            self.reseal_one(id, actor, &mut done).await?;
         }
         if done.resealed > 0 || done.unreadable > 0 {
             tracing::info!(

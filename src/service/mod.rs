@@ -32,9 +32,9 @@ pub use ports::{
     ApiRole, BmcCapabilityStore, BmcConnector, CapabilityRecord, ClientFacts, ClusterRecord,
     ClusterSpec, ConfigStore, ConfigWrite, Event, EventFilter, EventStore, GroupKind, GroupSpec,
     Lease, LeaseClaim, LeaseState, LeaseStore, MachineFilter, MachinePage, MachinePatches,
-    MachineRecord, MachineStore, NewEvent, NewToken, PasswordChange, PatchSource, ProfileSpec,
-    ProvisionWindow, Reinstall, ReinstallPolicy, ReinstallStore, Reservation, ServedConfig, Stage,
-    StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
+    MachineRecord, MachineSort, MachineStore, NewEvent, NewSession, NewToken, PasswordChange,
+    PatchSource, ProfileSpec, ProvisionWindow, Reinstall, ReinstallPolicy, ReinstallStore,
+    Reservation, ServedConfig, Stage, StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
 };
 pub use secrets::SecretBox;
 pub use workflow::{WorkflowSettings, Workflows};

@@ -2,6 +2,8 @@
 //! source address, is written at most once per interval; the ones in between are counted and the
 //! count rides on the next event written (`"suppressed": n`), so a flood of refused config fetches
 //! or foreign script requests cannot bury a machine's timeline, and nothing is silently lost.
+//! [`Buckets`] is the rate form of the same bound: token buckets per key (a source network, say),
+//! for writes that may come in bursts, such as machines discovered when a rack powers on.
 //! Memory is bounded: two generations of at most [`GENERATION`] keys each, O(1) per check.
 
 use std::collections::HashMap;
@@ -78,9 +80,76 @@ impl Throttle {
     }
 }
 
+/// Key -> tokens left and when they were counted.
+type Tokens = HashMap<u64, (f64, Instant)>;
+
+/// Token buckets per key: `burst` at once, refilled at `per_second` (see the module's paragraph).
+pub struct Buckets {
+    per_second: f64,
+    burst: f64,
+    /// Two generations of keys.
+    slots: Mutex<(Tokens, Tokens)>,
+}
+
+impl std::fmt::Debug for Buckets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buckets")
+            .field("per_second", &self.per_second)
+            .field("burst", &self.burst)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Buckets {
+    /// Buckets of `burst` tokens (at least one) refilled at `per_second`.
+    pub fn new(per_second: f64, burst: f64) -> Self {
+        Buckets {
+            per_second: per_second.max(0.0),
+            burst: burst.max(1.0),
+            slots: Mutex::default(),
+        }
+    }
+
+    /// Take a token of `key`'s bucket: `true` when there was one.
+    pub fn take(&self, key: &impl Hash) -> bool {
+        let k = key_of(key);
+        let now = Instant::now();
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let (young, old) = &mut *slots;
+        let (tokens, at) = young
+            .get(&k)
+            .copied()
+            .or_else(|| old.remove(&k))
+            .unwrap_or((self.burst, now));
+        let tokens =
+            (tokens + now.duration_since(at).as_secs_f64() * self.per_second).min(self.burst);
+        let (left, ok) = if tokens >= 1.0 {
+            (tokens - 1.0, true)
+        } else {
+            (tokens, false)
+        };
+        if young.len() >= GENERATION && !young.contains_key(&k) {
+            *old = std::mem::take(young);
+        }
+        young.insert(k, (left, now));
+        ok
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buckets_allow_a_burst_then_the_rate() {
+        let b = Buckets::new(0.0, 3.0);
+        assert_eq!((0..5).filter(|_| b.take(&"a")).count(), 3);
+        assert!(b.take(&"b"), "another key has its own bucket");
+        let b = Buckets::new(1000.0, 1.0);
+        assert!(b.take(&"a"));
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(b.take(&"a"), "refilled");
+    }
 
     #[test]
     fn once_per_interval_with_the_count_carried_over() {

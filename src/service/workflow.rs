@@ -162,6 +162,11 @@ impl Workflows {
         }
     }
 
+    /// The reinstalls still running, fleet-wide.
+    pub async fn active(&self) -> Result<Vec<Reinstall>, ServiceError> {
+        Ok(self.reinstalls.active_reinstalls().await?)
+    }
+
     /// The cluster use cases.
     pub fn clusters(&self) -> &Clusters {
         &self.clusters
@@ -182,21 +187,13 @@ impl Workflows {
 
     /// Every machine of a cluster.
     async fn cluster_machines(&self, cluster: &str) -> Result<Vec<Machine>, ServiceError> {
-        let mut out = Vec::new();
-        let mut filter = MachineFilter {
-            cluster: Some(cluster.to_string()),
-            limit: 1000,
-            ..Default::default()
-        };
-        loop {
-            let page = self.inventory.list(&filter).await?;
-            out.extend(page.items);
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(n) => filter.after = Some(n),
-                None => break,
-            }
-        }
-        Ok(out)
+        self.inventory
+            .all(&MachineFilter {
+                cluster: Some(cluster.to_string()),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await
     }
 
     /// The safety rules: `Err` names the rule a reinstall of `m` would break now.
@@ -293,6 +290,25 @@ impl Workflows {
         self.start_attempt(id, wipe, actor, false, 1).await
     }
 
+    /// The one-time boot a reinstall of `m` sets through its BMC: its profile's `bootTarget`
+    /// (UEFI HTTP boot, virtual media with the profile's `bootMediaUrl`) or else
+    /// `[workflows] boot_target`.
+    async fn boot_target_of(
+        &self,
+        m: &crate::domain::Machine,
+    ) -> Result<(BootTarget, Option<String>), ServiceError> {
+        let profile = match &m.profile {
+            Some(p) => self.configs.sources().await?.profiles.get(p).cloned(),
+            None => None,
+        };
+        let target = profile
+            .as_ref()
+            .and_then(|p| p.boot_target.as_deref())
+            .and_then(|t| t.parse::<BootTarget>().ok())
+            .unwrap_or(self.settings.boot_target);
+        Ok((target, profile.and_then(|p| p.boot_media_url)))
+    }
+
     async fn start_attempt(
         &self,
         id: MachineId,
@@ -358,7 +374,7 @@ impl Workflows {
         let next = if m.bmc.is_some() {
             format!(
                 "Plinth sets a one-time {} boot and power-cycles the machine through its BMC",
-                self.settings.boot_target
+                self.boot_target_of(&m).await?.0
             )
         } else {
             "this machine has no BMC: power-cycle it now and let it boot from the network".into()
@@ -693,17 +709,7 @@ impl Workflows {
                     return Ok(());
                 }
                 let reference = m.id.to_string();
-                // The profile may ask for UEFI HTTP boot or virtual media instead.
-                let profile = match &m.profile {
-                    Some(p) => self.configs.sources().await?.profiles.get(p).cloned(),
-                    None => None,
-                };
-                let target = profile
-                    .as_ref()
-                    .and_then(|p| p.boot_target.as_deref())
-                    .and_then(|t| t.parse::<BootTarget>().ok())
-                    .unwrap_or(self.settings.boot_target);
-                let media = profile.and_then(|p| p.boot_media_url);
+                let (target, media) = self.boot_target_of(&m).await?;
                 // The BMC may take minutes (power transitions are waited for): off the tick, so
                 // one slow BMC never holds up the other reinstalls or the scheduler.
                 let this = self.clone();
@@ -819,20 +825,14 @@ impl Workflows {
 
     /// Start automatic reinstalls of failed machines whose cluster asks for them.
     async fn schedule(&self) -> Result<(), ServiceError> {
-        let mut failed = Vec::new();
-        let mut filter = MachineFilter {
-            state: Some(LifecycleState::Failed),
-            limit: 1000,
-            ..Default::default()
-        };
-        loop {
-            let page = self.inventory.list(&filter).await?;
-            failed.extend(page.items);
-            match page.next_cursor.and_then(|c| c.parse().ok()) {
-                Some(n) => filter.after = Some(n),
-                None => break,
-            }
-        }
+        let mut failed = self
+            .inventory
+            .all(&MachineFilter {
+                state: Some(LifecycleState::Failed),
+                limit: 1000,
+                ..Default::default()
+            })
+            .await?;
         if failed.is_empty() {
             return Ok(());
         }

@@ -441,9 +441,14 @@ impl fmt::Display for DiskPin {
     }
 }
 
-/// Terms Talos adds to every translated selector: a real transport (not a device-mapper device),
-/// writable, not a CD-ROM.
-const BASE_CEL_TERMS: &[&str] = &["disk.transport != \"\"", "!disk.readonly", "!disk.cdrom"];
+/// Terms added to every translated selector: a real transport (not a device-mapper device), not
+/// USB (BMC virtual media such as AMI's "Virtual HDisk Device", sticks), writable, not a CD-ROM.
+const BASE_CEL_TERMS: &[&str] = &[
+    "disk.transport != \"\"",
+    "disk.transport != \"usb\"",
+    "!disk.readonly",
+    "!disk.cdrom",
+];
 
 /// The disk chosen from a machine's known disks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -458,12 +463,69 @@ pub struct DiskChoice {
     pub tie_broken: bool,
 }
 
+/// Model names BMCs give the virtual media they expose to the host (lower case): AMI MegaRAC
+/// shows a "Virtual Cdrom Device" of 2048 bytes and a 1 GB "Virtual HDisk Device"; others show
+/// virtual CD/DVD, floppy and USB keys. (A RAID controller's "Virtual Disk" is a real volume and
+/// is not in this list.)
+const VIRTUAL_MEDIA_MODELS: &[&str] = &[
+    "virtual cdrom",
+    "virtual cd",
+    "virtual dvd",
+    "virtual hdisk",
+    "virtual floppy",
+    "virtual media",
+    "virtual_media",
+    "virtual usb",
+    "virtual keyboard",
+    "virtual disk0",
+];
+
+/// The smallest device that can hold Talos' partitions (EFI, BIOS, BOOT, META, STATE and a
+/// usable EPHEMERAL); anything smaller is a stick, an optical drive or virtual media.
+pub const MIN_INSTALL_BYTES: u64 = 4 * 1024 * 1024 * 1024;
+
+/// Why a device is not a disk Talos may be installed on, if it is not: BMC virtual media,
+/// optical (CD/DVD-ROM, read-only), removable USB, or too small to hold Talos. Such devices are
+/// never chosen, whatever the rules or `prefer:` say.
+pub fn not_a_disk(d: &Disk) -> Option<String> {
+    let model = d.model.as_deref().unwrap_or("").to_ascii_lowercase();
+    if let Some(m) = VIRTUAL_MEDIA_MODELS.iter().find(|m| model.contains(**m)) {
+        return Some(format!(
+            "not a disk: BMC virtual media (model contains {m:?})"
+        ));
+    }
+    if [
+        "cd-rom", "cdrom", "cddvd", "dvd-rom", "dvdrom", "dvd-ram", "dvdrw", "optical",
+    ]
+    .iter()
+    .any(|m| model.contains(m))
+    {
+        return Some("not a disk: an optical (read-only) drive".into());
+    }
+    if let Some(b) = d.bus_path.as_deref() {
+        if b.contains("/usb") {
+            return Some(format!("not a disk: a removable USB device (busPath {b})"));
+        }
+    }
+    match d.size_bytes {
+        Some(size) if size < MIN_INSTALL_BYTES => Some(format!(
+            "not a disk: {size} bytes cannot hold Talos (at least {MIN_INSTALL_BYTES})"
+        )),
+        _ => None,
+    }
+}
+
 /// Choose the install disk among a machine's known disks: exactly one match (after the
-/// preference, when given, breaks a tie on size), never a data disk, pinned by serial or WWID.
+/// preference, when given, breaks a tie on size), never a data disk, never a device that is not
+/// a disk ([`not_a_disk`]), pinned by serial or WWID.
 pub fn select_install_disk(rules: &DiskRules, disks: &[Disk]) -> Result<DiskChoice, DiskError> {
     let mut matched = Vec::new();
     let mut rejected = Vec::new();
     for (i, d) in disks.iter().enumerate() {
+        if let Some(why) = not_a_disk(d) {
+            rejected.push(report(i, d, Some(why)));
+            continue;
+        }
         match rules.check(d) {
             Ok(()) => matched.push(i),
             Err(why) => rejected.push(report(i, d, Some(why))),
@@ -499,7 +561,7 @@ pub fn select_install_disk(rules: &DiskRules, disks: &[Disk]) -> Result<DiskChoi
             }
         },
     };
-    let pin = pin_disk(index, disks)?;
+    let pin = pin_disk(index, disks, rules)?;
     Ok(DiskChoice {
         index,
         disk: disks[index].clone(),
@@ -529,7 +591,7 @@ fn break_tie(p: Preference, matched: &[usize], disks: &[Disk]) -> Option<usize> 
 /// Pin by serial when it is known, glob-free and unique on the machine, else by WWID likewise.
 /// Serial comes first: BMCs and the kernel report the same serial string, while WWID prefixes
 /// (`naa.`, `eui.`, `0x`) differ between sources.
-fn pin_disk(index: usize, disks: &[Disk]) -> Result<DiskPin, DiskError> {
+fn pin_disk(index: usize, disks: &[Disk], rules: &DiskRules) -> Result<DiskPin, DiskError> {
     let d = &disks[index];
     let usable = |v: &Option<String>, field: fn(&Disk) -> &Option<String>| -> Option<String> {
         let v = v.as_deref()?.trim();
@@ -550,8 +612,45 @@ fn pin_disk(index: usize, disks: &[Disk]) -> Result<DiskPin, DiskError> {
     }
     Err(DiskError::Unpinnable {
         disk: report(index, d, None),
-        reason: "its serial and WWID are unknown, contain `*`, or are shared with another disk of the machine".into(),
+        reason: unpinnable_reason(index, disks, rules),
     })
+}
+
+/// Why a disk cannot be pinned, and which rule is still safe. When no real disk of the machine
+/// reports a serial or WWID, the disks are indistinguishable to Talos by identity: pinning is
+/// impossible, and only a rule that keeps matching exactly this disk whatever the kernel names
+/// it is safe: its bus path (stable across boots), else a size bound no other disk meets.
+fn unpinnable_reason(index: usize, disks: &[Disk], rules: &DiskRules) -> String {
+    let d = &disks[index];
+    let has_id = |o: &Disk| {
+        o.serial.as_deref().is_some_and(|s| !s.trim().is_empty())
+            || o.wwid.as_deref().is_some_and(|s| !s.trim().is_empty())
+    };
+    let real: Vec<&Disk> = disks.iter().filter(|o| not_a_disk(o).is_none()).collect();
+    let base = if real.iter().all(|o| !has_id(o)) {
+        "no disk of this machine reports a serial or WWID, so the disks are indistinguishable by identity and pinning is impossible".to_string()
+    } else {
+        "its serial and WWID are unknown, contain `*`, or are shared with another disk of the machine".to_string()
+    };
+    // Other devices Talos itself would see, virtual media included.
+    let others = |f: &dyn Fn(&Disk) -> bool| {
+        disks
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != index)
+            .any(|(_, o)| f(o))
+    };
+    let safe = match (&d.bus_path, d.size_bytes) {
+        (Some(b), _) if !others(&|o: &Disk| o.bus_path.as_deref() == Some(b.as_str())) => {
+            format!("a rule that is still safe: `busPath: {b}` (stable across boots; only this disk is on it)")
+        }
+        (_, Some(size)) if !others(&|o: &Disk| o.size_bytes.is_none_or(|s| s >= size)) => {
+            format!("a rule that is still safe: `size: \">= {size}\"`, as only this device is that large (not `prefer: smallest`: the BMC's virtual media are smaller still)")
+        }
+        _ if rules.bus_path.is_some() => "the rule's busPath selects it; record its bus path in the inventory so Plinth can check it is unique".into(),
+        _ => "no rule is safe without a serial, WWID or bus path: record the disk's bus path (`talosctl get disks`) in the inventory and select it by `busPath`".into(),
+    };
+    format!("{base}; {safe}")
 }
 
 /// The install-disk selector as the target Talos version takes it.
@@ -746,6 +845,98 @@ mod tests {
 
     fn rules(yaml: &str) -> DiskRules {
         serde_yaml_ng::from_str(yaml).expect("rules")
+    }
+
+    /// The devices an AMI MegaRAC (DGX) BMC exposes to the host next to the real disks: a
+    /// "Virtual Cdrom Device" of 2048 bytes and a 1 GB "Virtual HDisk Device", with no serial,
+    /// WWID or type.
+    fn megarac_virtual_media() -> Vec<Disk> {
+        vec![
+            Disk {
+                model: Some("Virtual Cdrom Device".into()),
+                size_bytes: Some(2048),
+                ..Disk::default()
+            },
+            Disk {
+                model: Some("Virtual HDisk Device".into()),
+                size_bytes: Some(GB),
+                ..Disk::default()
+            },
+        ]
+    }
+
+    #[test]
+    fn virtual_media_is_never_chosen_whatever_prefer_says() {
+        let mut disks = megarac_virtual_media();
+        disks.push(disk("NVME-A", 960, DiskType::Nvme));
+        disks.push(disk("NVME-B", 3840, DiskType::Nvme));
+        // `prefer: smallest` over everything would pick the 2048-byte CD-ROM.
+        let c = select_install_disk(&rules("prefer: smallest"), &disks).expect("choice");
+        assert_eq!(c.pin, DiskPin::Serial("NVME-A".into()));
+        let c = select_install_disk(&rules("prefer: largest"), &disks).expect("choice");
+        assert_eq!(c.pin, DiskPin::Serial("NVME-B".into()));
+        // A rule that matches only virtual media matches nothing, naming why.
+        let e = select_install_disk(&rules("model: 'Virtual*'"), &disks).expect_err("none");
+        let text = e.to_string();
+        assert!(text.contains("BMC virtual media"), "{text}");
+        // Optical, USB and tiny devices are not disks either.
+        for (model, bus, size) in [
+            ("TSSTcorp CDDVDW", None, Some(700_000_000u64)),
+            ("HL-DT-ST DVD-ROM DU90N", None, None),
+            (
+                "SanDisk Cruzer",
+                Some("/pci0000:00/0000:00:14.0/usb1/1-1"),
+                Some(64 * GB),
+            ),
+            ("Tiny", None, Some(GB)),
+        ] {
+            let d = Disk {
+                model: Some(model.into()),
+                bus_path: bus.map(str::to_string),
+                size_bytes: size,
+                ..Disk::default()
+            };
+            assert!(not_a_disk(&d).is_some(), "{model}");
+        }
+    }
+
+    #[test]
+    fn indistinguishable_disks_say_pinning_is_impossible_and_what_is_safe() {
+        let mut disks = megarac_virtual_media();
+        let bare = |size_gb: u64, bus: Option<&str>| Disk {
+            model: Some("SAMSUNG MZ7L3960".into()),
+            size_bytes: Some(size_gb * GB),
+            disk_type: Some(DiskType::Ssd),
+            bus_path: bus.map(str::to_string),
+            ..Disk::default()
+        };
+        disks.push(bare(960, Some("/pci0000:00/0000:00:17.0/ata1")));
+        disks.push(bare(960, Some("/pci0000:00/0000:00:17.0/ata2")));
+        let e = select_install_disk(
+            &rules("prefer: smallest\nbusPath: '/pci0000:00/0000:00:17.0/ata1'"),
+            &disks,
+        )
+        .expect_err("unpinnable");
+        let text = e.to_string();
+        assert!(text.contains("pinning is impossible"), "{text}");
+        assert!(
+            text.contains("busPath: /pci0000:00/0000:00:17.0/ata1"),
+            "{text}"
+        );
+        // Without bus paths, a larger disk is still safely selected by a size bound.
+        let mut disks = megarac_virtual_media();
+        disks.push(bare(480, None));
+        disks.push(bare(1920, None));
+        let e = select_install_disk(&rules("prefer: largest"), &disks).expect_err("unpinnable");
+        let text = e.to_string();
+        assert!(text.contains("pinning is impossible"), "{text}");
+        assert!(
+            text.contains(&format!("size: \">= {}\"", 1920 * GB)),
+            "{text}"
+        );
+        // The smaller one has no safe rule: the virtual media are smaller still.
+        let e = select_install_disk(&rules("prefer: smallest"), &disks).expect_err("unpinnable");
+        assert!(e.to_string().contains("no rule is safe"), "{e}");
     }
 
     #[test]
@@ -952,7 +1143,7 @@ mod tests {
         assert_eq!(
             plan.selector,
             InstallSelector::Cel(
-                "disk.transport == \"nvme\" && disk.size >= 400000000000u && glob(\"Samsung*\", disk.model) && disk.transport != \"\" && !disk.readonly && !disk.cdrom".into()
+                "disk.transport == \"nvme\" && disk.size >= 400000000000u && glob(\"Samsung*\", disk.model) && disk.transport != \"\" && disk.transport != \"usb\" && !disk.readonly && !disk.cdrom".into()
             )
         );
         // Two bounds do not fit the 1.13 diskSelector, but do fit CEL.
@@ -989,7 +1180,7 @@ mod tests {
         assert_eq!(
             p.selector,
             InstallSelector::Cel(
-                "disk.serial == \"S1\" && disk.transport != \"\" && !disk.readonly && !disk.cdrom"
+                "disk.serial == \"S1\" && disk.transport != \"\" && disk.transport != \"usb\" && !disk.readonly && !disk.cdrom"
                     .into()
             )
         );

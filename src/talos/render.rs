@@ -553,7 +553,7 @@ mod tests {
         );
         assert_eq!(
             docs[4],
-            yaml(&format!("apiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller: {{image: 'factory.talos.dev/metal-installer/{VANILLA_SCHEMATIC}:v1.14.0'}}\nprovisioning:\n  diskSelector: {{match: 'disk.serial == \"S3Z9NB0K\" && disk.transport != \"\" && !disk.readonly && !disk.cdrom'}}\n  wipe: false\n"))
+            yaml(&format!("apiVersion: v1alpha1\nkind: UnattendedInstallConfig\ninstaller: {{image: 'factory.talos.dev/metal-installer/{VANILLA_SCHEMATIC}:v1.14.0'}}\nprovisioning:\n  diskSelector: {{match: 'disk.serial == \"S3Z9NB0K\" && disk.transport != \"\" && disk.transport != \"usb\" && !disk.readonly && !disk.cdrom'}}\n  wipe: false\n"))
         );
     }
 

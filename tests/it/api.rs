@@ -297,6 +297,25 @@ async fn bad_input_names_the_field(b: Backend) {
         let e: Value = r.json();
         assert_eq!(e["error"]["fields"][0]["field"], field, "{e}");
     }
+    // A machine nothing could ever name or match (issue 16): refused, naming the fields.
+    for body in [json!({}), json!({"rack": "r21", "role": "worker"})] {
+        let r = post(body.to_string()).await;
+        assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        let e: Value = r.json();
+        let msg = e["error"]["fields"][0]["message"].as_str().unwrap_or("");
+        assert!(
+            [
+                "hostname",
+                "interfaces[].mac",
+                "serial",
+                "asset_tag",
+                "smbios_uuid"
+            ]
+            .iter()
+            .all(|f| msg.contains(f)),
+            "{e}"
+        );
+    }
     s.req(Method::POST, "/api/v1/machines", &s.operator)
         .header("content-type", "text/plain")
         .body("{}")
@@ -576,6 +595,79 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
         .await;
     let e: Value = r.json();
     assert_eq!(e["error"]["rows"][0]["field"], "colour");
+    s.finish().await;
+}
+
+/// `import?update=KEY` (issue 16): rows matching a machine by the key replace it in place (id,
+/// state, BMC password kept), the others are created, unchanged rows touch nothing; one
+/// transaction, so a bad row leaves everything as it was.
+async fn import_update_replaces_matching_rows(b: Backend) {
+    let s = TestServer::start(b).await;
+    let import = |body: &'static str, update: Option<&'static str>| {
+        let mut r = s
+            .req(Method::POST, "/api/v1/machines/import", &s.operator)
+            .header("content-type", "text/csv")
+            .body(body);
+        if let Some(k) = update {
+            r = r.query(&[("update", k)]);
+        }
+        r.send()
+    };
+    let first = "hostname,serial,mac,rack,rack_unit,bmc_url,bmc_username,bmc_password\n\
+                 u1,S-1,52:54:00:30:00:01,r21,1,https://10.2.0.1,root,pw1\n\
+                 u2,S-2,52:54:00:30:00:02,r21,2,,,\n";
+    let r = import(first, None).await.expect("import");
+    assert_eq!(r.status(), StatusCode::OK);
+    let get = |name: &'static str| {
+        let req = s.req(Method::GET, &format!("/api/v1/machines/{name}"), &s.viewer);
+        async move {
+            req.send()
+                .await
+                .expect("get")
+                .json::<Value>()
+                .await
+                .expect("json")
+        }
+    };
+    let u1 = get("u1").await;
+    // The same sheet again without update: conflicts, as before.
+    let r = import(first, None).await.expect("import");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    // Edited: u1 moves to unit 5 (no password column: the stored one stays), u2 unchanged, u3 new.
+    let edited = "hostname,serial,mac,rack,rack_unit,bmc_url,bmc_username\n\
+                  u1,S-1,52:54:00:30:00:01,r21,5,https://10.2.0.1,root\n\
+                  u2,S-2,52:54:00:30:00:02,r21,2,,\n\
+                  u3,S-3,52:54:00:30:00:03,r21,3,,\n";
+    let r = import(edited, Some("mac")).await.expect("import");
+    assert_eq!(r.status(), StatusCode::OK);
+    let res: Value = r.json().await.expect("json");
+    assert_eq!(res["imported"], 1, "{res}");
+    assert_eq!(res["updated"], json!([u1["id"]]), "{res}");
+    assert_eq!(res["unchanged"], 1, "{res}");
+    let after = get("u1").await;
+    assert_eq!(after["id"], u1["id"]);
+    assert_eq!(after["rack_unit"], 5);
+    assert_eq!(after["version"], u1["version"].as_i64().expect("v") + 1);
+    assert_eq!(after["bmc"]["has_password"], true, "password kept");
+    assert_eq!(get("u2").await["version"], 1, "unchanged row untouched");
+    // A row whose serial belongs to another machine: refused, and nothing of the file applied.
+    let bad = "hostname,serial,mac,rack,rack_unit\n\
+               u1,S-1,52:54:00:30:00:01,r21,9\n\
+               u4,S-2,52:54:00:30:00:04,r21,4\n";
+    let r = import(bad, Some("mac")).await.expect("import");
+    assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["rows"][0]["line"], 3, "{e}");
+    assert_eq!(e["error"]["rows"][0]["field"], "serial", "{e}");
+    assert_eq!(get("u1").await["rack_unit"], 5, "nothing applied");
+    // By serial: a row without one is named; an unknown key is a 400 naming `update`.
+    let r = import("hostname,mac\nu9,52:54:00:30:00:09\n", Some("serial"))
+        .await
+        .expect("import");
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["rows"][0]["field"], "serial", "{e}");
+    let r = import(first, Some("colour")).await.expect("import");
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     s.finish().await;
 }
 
@@ -868,6 +960,7 @@ both_backends!(
     tokens_and_roles,
     list_filters_and_pages,
     csv_import_is_all_or_nothing,
+    import_update_replaces_matching_rows,
     secrets_are_encrypted_at_rest,
     concurrent_edits_one_wins,
     health_metrics_openapi,

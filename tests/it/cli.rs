@@ -408,3 +408,93 @@ fn kill_9_during_import_sqlite() {
 fn kill_9_during_import_postgres() {
     kill_during_import(Backend::Postgres);
 }
+
+/// `plinth machine edit --rack R --set ...` (issue 16): prints how many machines match, asks,
+/// and changes nothing unless the answer is yes; `--yes` skips the question; the count is said.
+#[test]
+fn bulk_edit_counts_and_asks() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tmp");
+    let server = serve(dir.path(), &[], &[]);
+    let (_, token, _) = plinth(
+        dir.path(),
+        &["token", "create", "--role", "operator", "--name", "tech"],
+        &[],
+    );
+    let env = [
+        ("PLINTH_SERVER", server.base.clone()),
+        ("PLINTH_TOKEN", token.trim().to_string()),
+    ];
+    for (host, mac, rack) in [
+        ("b1", "52:54:00:50:00:01", "r21"),
+        ("b2", "52:54:00:50:00:02", "r21"),
+        ("b3", "52:54:00:50:00:03", "r22"),
+    ] {
+        let (code, _, err) = plinth(
+            dir.path(),
+            &[
+                "machine",
+                "add",
+                "--hostname",
+                host,
+                "--mac",
+                mac,
+                "--rack",
+                rack,
+            ],
+            &env,
+        );
+        assert_eq!(code, 0, "{err}");
+    }
+    let edit = |answer: &str, extra: &[&str]| {
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(dir.path())
+            .args(["machine", "edit", "--rack", "r21", "--set", "rack_unit=4"])
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in &env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(answer.as_bytes())
+            .expect("answer");
+        let out = child.wait_with_output().expect("run");
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let unit = |host: &str| {
+        let (_, out, _) = plinth(dir.path(), &["machine", "show", host, "--json"], &env);
+        serde_json::from_str::<Value>(&out).expect("json")["rack_unit"].clone()
+    };
+    // No: nothing changed, non-zero exit, the count was said.
+    let (code, _, err) = edit("n\n", &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("2 machine(s) match rack=r21: b1, b2"), "{err}");
+    assert!(err.contains("nothing changed"), "{err}");
+    assert_eq!(unit("b1"), Value::Null);
+    // Yes: both changed, the other rack's not.
+    let (code, out, err) = edit("y\n", &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("changed 2 of 2 machine(s) matching rack=r21"),
+        "{out}"
+    );
+    assert_eq!(unit("b1"), 4);
+    assert_eq!(unit("b2"), 4);
+    assert_eq!(unit("b3"), Value::Null);
+    // --yes: no question; --json says what changed.
+    let (code, out, err) = edit("", &["--yes", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).expect("json");
+    assert_eq!(v["matched"], 2);
+    assert_eq!(v["changed"], serde_json::json!(["b1", "b2"]));
+}

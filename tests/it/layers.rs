@@ -124,7 +124,12 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ),
     ("dhcp", &[], &["domain", "service", "metrics", "dhcp"]),
     ("tftp", &[], &["domain", "service", "metrics", "tftp"]),
-    ("http", &[], &["domain", "service", "metrics", "http"]),
+    (
+        "http",
+        &["http/console"],
+        &["domain", "service", "metrics", "http"],
+    ),
+    ("http/console", &[], &["domain", "service", "http"]),
     ("config.rs", &[], &["domain", "service", "config"]),
     (
         "declare.rs",

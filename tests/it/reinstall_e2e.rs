@@ -30,12 +30,12 @@ use plinth::domain::{LifecycleState, MachineId, UniqueKey};
 use plinth::service::{Event, EventFilter, LeaseState, Stage, Stores};
 use sha2::{Digest, Sha256};
 
-use crate::support::qemu_bmc::{self, QemuBmc};
+use crate::support::qemu_bmc::QemuBmc;
 use crate::support::vm_image::{self, LOCAL_DISK_BANNER};
 use crate::support::vm_lab::{
     all_reports, config, import_image, open_store, plinth_ok, poll, qemu_command, read_report,
-    serve, start_report_listener, tail, workdir, write_inventory, InventoryExtras, Lab, VmSpec,
-    BIN, REPORT_PORT, SERVER, TALOS,
+    serve, start_report_listener, tail, without_tftp, workdir, write_inventory, InventoryExtras,
+    Lab, VmSpec, BIN, REPORT_PORT, SERVER, TALOS,
 };
 
 const BMC_LISTEN: &str = "10.88.0.1:8443";
@@ -66,6 +66,17 @@ struct Rig {
     dir: tempfile::TempDir,
 }
 
+/// How the rig's VM network-boots.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Netboot {
+    /// SeaBIOS with iPXE as the NIC ROM, and a local disk; reinstalls set a one-time PXE boot.
+    BiosPxe,
+    /// OVMF with no local disk and Plinth's TFTP off; the machine's profile says
+    /// `bootTarget: http`, so reinstalls set a one-time `UefiHttp` boot, which the BMC turns
+    /// into a start whose only network boot is the firmware's HTTP boot.
+    UefiHttp,
+}
+
 async fn rig(
     tag: &'static str,
     host: &'static str,
@@ -74,10 +85,26 @@ async fn rig(
     workflows: &str,
     extras: InventoryExtras<'_>,
 ) -> Rig {
+    rig_with(tag, host, mac, uuid, workflows, extras, Netboot::BiosPxe).await
+}
+
+async fn rig_with(
+    tag: &'static str,
+    host: &'static str,
+    mac: &'static str,
+    uuid: &'static str,
+    workflows: &str,
+    extras: InventoryExtras<'_>,
+    netboot: Netboot,
+) -> Rig {
     let dir = workdir(tag);
     let d = dir.path();
     let mut lab = Lab::new(tag);
     let cfg = config(d, &lab.br, workflows);
+    let http = netboot == Netboot::UefiHttp;
+    if http {
+        without_tftp(&cfg);
+    }
     let cfg_s = cfg.display().to_string();
 
     let report_url = format!("http://10.88.0.1:{REPORT_PORT}/cgi-bin/report");
@@ -97,6 +124,11 @@ async fn rig(
         ..extras
     };
     let inv = write_inventory(d, host, mac, uuid, &extras);
+    if http {
+        let profile = inv.join("profiles/qemu.yaml");
+        let text = std::fs::read_to_string(&profile).expect("profile");
+        std::fs::write(&profile, format!("{text}bootTarget: http\n")).expect("profile");
+    }
     plinth_ok(&["apply", &inv.display().to_string(), "--config", &cfg_s]);
     let token = plinth_ok(&["token", "create", "--role", "operator", "--config", &cfg_s])
         .trim()
@@ -108,13 +140,13 @@ async fn rig(
     let qemu = qemu_command(
         &lab,
         &VmSpec {
-            uefi: false,
+            uefi: http,
             arm64: false,
             mac,
             uuid,
             mem_mb: 512,
             serial: &serial,
-            disk: Some(&disk),
+            disk: (!http).then_some(disk.as_path()),
             dir: d,
         },
     );
@@ -723,4 +755,117 @@ async fn vm_that_never_fetches_its_config_fails_and_is_retried_automatically() {
         reports.len(),
         t0.elapsed()
     );
+}
+
+/// A reinstall of a machine whose profile says `bootTarget: http`: Plinth sets a one-time
+/// `UefiHttp` boot through the BMC and powers the VM on; OVMF takes its HTTP boot option (its PXE
+/// off, Plinth's TFTP off), fetches `ipxe.efi` from Plinth by URL, and the install runs to `done`
+/// as with PXE: install script, image, config from the leased address, Talos API verified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vm_reinstalls_by_uefi_http_boot_through_its_bmc() {
+    let t0 = Instant::now();
+    let r = rig_with(
+        "rh",
+        "vm-reinstall-http",
+        "52:54:00:88:02:03",
+        "7d2e4b1a-3c5f-4e6d-8a9b-0c1d2e3f4a03",
+        "[workflows]\ntick_seconds = 1\npower_seconds = 120\nnetboot_seconds = 400\n\
+         config_seconds = 400\ntalos_api_seconds = 300\n",
+        InventoryExtras {
+            kernel_args: &["plinth.standin=talos"],
+            // The stand-in's worker gets its certificate from a control plane: this is one.
+            role: Some("control-plane"),
+            ..Default::default()
+        },
+        Netboot::UefiHttp,
+    )
+    .await;
+    let (tag, host) = (r.tag, r.host);
+    let started = r.lab.cli(&r.token, &["machine", "reinstall", host]);
+    assert!(
+        started.contains("one-time http boot"),
+        "the CLI says which boot Plinth sets: {started}"
+    );
+    let rr = &r;
+    let ended = poll(
+        Duration::from_secs(600),
+        Duration::from_secs(1),
+        || async move { rr.reinstall().await.filter(|x| !x.stage.is_active()) },
+    )
+    .await;
+    let evidence = r.evidence();
+    let now = r.reinstall().await;
+    let ri = ended.unwrap_or_else(|| {
+        panic!(
+            "the reinstall did not end in {:?} (now: {now:?}); {evidence}",
+            t0.elapsed()
+        )
+    });
+    eprintln!(
+        "{tag}: reinstall ended {:?} after {:?}",
+        ri.stage,
+        t0.elapsed()
+    );
+    assert_eq!(ri.stage, Stage::Done, "{ri:?}; {evidence}");
+    assert_eq!(r.machine().await.state, LifecycleState::Installed);
+
+    // Through the BMC: a one-time UefiHttp boot, then On; the VM started with HTTP boot as its
+    // only network boot.
+    let recs = r.bmc.records();
+    assert_eq!(
+        r.bmc.boot_overrides(0),
+        vec![("UefiHttp".to_string(), "Once".to_string())],
+        "{recs:?}"
+    );
+    assert_eq!(r.bmc.resets(0), vec!["On".to_string()], "{recs:?}");
+    assert_eq!(r.bmc.qemu_starts(0), vec!["http".to_string()]);
+
+    // The firmware's HTTP boot, through Plinth only: no TFTP, no PXE.
+    let log = std::fs::read_to_string(&r.plog).unwrap_or_default();
+    let console = std::fs::read_to_string(&r.serial).unwrap_or_default();
+    assert!(
+        console.contains(">>Start HTTP Boot over IPv4")
+            && console.contains("URI: http://10.88.0.1:8080/ipxe/ipxe.efi"),
+        "{evidence}"
+    );
+    assert!(!console.contains(">>Start PXE over IPv4"), "{evidence}");
+    assert!(
+        log.contains("client=uefi-http-Amd64 boot_file=\"http://10.88.0.1:8080/ipxe/ipxe.efi\""),
+        "{evidence}"
+    );
+    assert!(
+        log.contains("TFTP off") && !log.contains("tftp read"),
+        "{evidence}"
+    );
+
+    // The stages and the boot steps between them, in order.
+    let events = r.events(0).await;
+    let k = kinds(&events);
+    let once = events
+        .iter()
+        .find(|e| e.kind == "bmc.boot_once")
+        .unwrap_or_else(|| panic!("bmc.boot_once: {k:?}"));
+    assert_eq!(once.detail["target"], "http", "{once:?}");
+    assert_eq!(once.detail["result"], "ok", "{once:?}");
+    assert_eq!(
+        once.detail["boot_override"]["target"], "UefiHttp",
+        "read back from the BMC: {once:?}"
+    );
+    let pos = |kind: &str| {
+        k.iter()
+            .position(|x| *x == kind)
+            .unwrap_or_else(|| panic!("{kind} in {k:?}"))
+    };
+    let ipxe = events
+        .iter()
+        .position(|e| e.kind == "http.ipxe" && e.detail["file"] == "ipxe.efi")
+        .unwrap_or_else(|| panic!("http.ipxe of ipxe.efi in {k:?}"));
+    assert!(pos("bmc.boot_once") < pos("bmc.power"), "{k:?}");
+    assert!(pos("bmc.power") < ipxe, "{k:?}");
+    assert!(ipxe < pos("boot.script"), "{k:?}");
+    assert!(pos("boot.script") < pos("config.served"), "{k:?}");
+    assert!(pos("config.served") < pos("talos.verified"), "{k:?}");
+    assert!(pos("talos.verified") <= pos("reinstall.done"), "{k:?}");
+    assert!(!k.iter().any(|x| x.starts_with("tftp.")), "{k:?}");
+    eprintln!("{tag}: whole run {:?}", t0.elapsed());
 }

@@ -696,6 +696,27 @@ async fn machines_filters_and_pages(b: Backend) {
         }
     }
     assert_eq!(seen, ids);
+    // The provided paging: every machine a filter selects, in pages of two; a visit that stops
+    // after its first page reads no further.
+    f.after = None;
+    let every: Vec<MachineId> = st
+        .machines
+        .all_machines(&f)
+        .await
+        .expect("all")
+        .iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(every, ids);
+    let mut pages = Vec::new();
+    st.machines
+        .visit_machines(&f, &mut |page| {
+            pages.push(page.len());
+            false
+        })
+        .await
+        .expect("visit");
+    assert_eq!(pages, [2], "one page read, then stopped");
     db.drop_db().await;
 }
 

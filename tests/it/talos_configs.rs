@@ -826,6 +826,14 @@ async fn config_delivery(b: Backend) {
     .await
     .expect("apply runs");
     assert!(!report.applied && !report.errors.is_empty(), "{report:?}");
+    // The refusal names the layer that set the field and the rule that refuses it.
+    let all = format!("{:?}", report.errors);
+    assert!(all.contains("machine.kubelet.image"), "{all}");
+    assert!(all.contains("set by layer machine"), "{all}");
+    assert!(
+        all.contains("Talos rule pkg/machinery/config/schemas/config.schema.json"),
+        "{all}"
+    );
     srv.finish().await;
 }
 

@@ -175,6 +175,11 @@ async fn reinstall_without_bmc_reaches_installed(b: Backend) {
         script.contains("talos.experimental.wipe=system"),
         "{script}"
     );
+    // Talos wipes and reboots before it loads its config: the second boot of the window gets
+    // a fresh token but no wipe (else every boot would wipe again, a reboot loop).
+    let script = boot_script(&srv).await;
+    assert!(script.contains("token="), "{script}");
+    assert!(!script.contains("talos.experimental.wipe"), "{script}");
     w.tick().await.expect("tick");
     assert_eq!(
         get(&srv, &format!("/api/v1/machines/{id}/reinstall")).await["stage"],

@@ -11,7 +11,7 @@ use super::{sha256_hex, ConfigService, MachineConfigError, Sources};
 use crate::domain::{Machine, MachineSpec, Role};
 use crate::service::ports::{GroupKind, MachinePatches, PatchSource};
 use crate::talos::disk::{plan_install_disk, InstallSelector};
-use crate::talos::patch::load_patch;
+use crate::talos::patch::{load_patch, Patch};
 use crate::talos::render::{render, Installer, Layer, MachineFacts, RenderInput};
 use crate::talos::schematic::SchematicId;
 use crate::talos::validate::{check_semantics, SchemaValidator, Severity};
@@ -140,12 +140,16 @@ impl ConfigService {
         }
         named.push(("machine".into(), &own.patches));
         let mut layers = Vec::new();
+        // (layer, patch file, patch) for naming the layer that set a refused field.
+        let mut origins: Vec<(String, String, Patch)> = Vec::new();
         for (name, patches) in named {
             let mut loaded = Vec::new();
             for p in patches {
-                loaded.push(load_patch(&p.text).map_err(|e| {
+                let patch = load_patch(&p.text).map_err(|e| {
                     MachineConfigError::Render(format!("layer {name}, patch {}: {e}", p.origin))
-                })?);
+                })?;
+                origins.push((name.clone(), p.origin.clone(), patch.clone()));
+                loaded.push(patch);
             }
             layers.push(Layer {
                 name,
@@ -211,7 +215,23 @@ impl ConfigService {
         violations.extend(check_semantics(&rendered.config, version));
         let mut errors = Vec::new();
         for v in violations {
-            let text = format!("{}: {}: {}", v.document, v.path, v.message);
+            // The last layer whose patch touches the field set it; else the base config or
+            // the machine's facts.
+            let set_by = origins
+                .iter()
+                .rev()
+                .find(|(_, _, p)| p.touches(&v.document, &v.path))
+                .map(|(layer, origin, _)| format!("layer {layer} ({origin})"))
+                .unwrap_or_else(|| "the base config or the machine's facts".into());
+            let rule = if v.rule == "plinth" {
+                "Plinth's own rule".to_string()
+            } else {
+                format!("Talos rule {}", v.rule)
+            };
+            let text = format!(
+                "{}: {}: {} [set by {set_by}; {rule}]",
+                v.document, v.path, v.message
+            );
             match v.severity {
                 Severity::Error => errors.push(text),
                 _ => warnings.push(text),

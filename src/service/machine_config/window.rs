@@ -247,6 +247,10 @@ impl ConfigService {
             return Ok(Ticket::NotFromMachine);
         }
         let rendered = self.render_machine(m).await?;
+        // Talos wipes the system disk and reboots before it loads its config, so the wipe goes
+        // on the first install boot of the window only: on every boot it would be a reboot
+        // loop. A token minted earlier in this window means that boot has happened.
+        let first_boot = w.token_minted_at.is_none();
         if let Err(why) = ready(&rendered.version.to_string(), &rendered.schematic_id) {
             return Ok(Ticket::Waiting(why));
         }
@@ -277,7 +281,7 @@ impl ConfigService {
             talos_version: rendered.version.to_string(),
             schematic_id: rendered.schematic_id,
             kernel_args: rendered.kernel_args,
-            wipe: w.wipe || rendered.wipe,
+            wipe: (w.wipe || rendered.wipe) && first_boot,
         }))
     }
 

@@ -29,6 +29,20 @@ pub struct MachineRecord {
     pub password: PasswordChange,
 }
 
+/// One machine an `import --update` replaces: its spec at the version it was read at, with its
+/// event.
+#[derive(Clone, Debug)]
+pub struct MachineUpdate {
+    /// The machine.
+    pub id: MachineId,
+    /// The version the update was computed from; another writer in between fails the import.
+    pub expected_version: i64,
+    /// The new spec and password change.
+    pub rec: MachineRecord,
+    /// Its `machine.updated` event.
+    pub event: NewEvent,
+}
+
 /// Filters and page of a machine listing.
 #[derive(Clone, Debug, Default)]
 pub struct MachineFilter {
@@ -59,6 +73,60 @@ pub struct MachinePage {
     pub total: i64,
     /// Pass as `cursor` for the next page; absent on the last page.
     pub next_cursor: Option<String>,
+}
+
+/// The column a table of machines is ordered by (then by id, so pages never overlap).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MachineSort {
+    /// Host name (machines without one last).
+    #[default]
+    Hostname,
+    /// Site, rack and unit.
+    Location,
+    /// Lifecycle state.
+    State,
+    /// Serial number.
+    Serial,
+    /// Asset tag.
+    AssetTag,
+    /// When the record last changed.
+    Updated,
+}
+
+impl MachineSort {
+    /// Every column, in the order a table shows them.
+    pub const ALL: [MachineSort; 6] = [
+        MachineSort::Hostname,
+        MachineSort::Location,
+        MachineSort::State,
+        MachineSort::Serial,
+        MachineSort::AssetTag,
+        MachineSort::Updated,
+    ];
+
+    /// The query-string spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MachineSort::Hostname => "hostname",
+            MachineSort::Location => "location",
+            MachineSort::State => "state",
+            MachineSort::Serial => "serial",
+            MachineSort::AssetTag => "asset_tag",
+            MachineSort::Updated => "updated",
+        }
+    }
+}
+
+impl std::str::FromStr for MachineSort {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        MachineSort::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| {
+                format!("`{s}` is not a column: hostname, location, state, serial, asset_tag or updated")
+            })
+    }
 }
 
 /// Machines of the inventory.
@@ -114,6 +182,15 @@ pub trait MachineStore: Send + Sync + 'static {
         actor: &str,
     ) -> Result<(), StoreError>;
 
+    /// Insert `creates` and replace `updates` (each still at its expected version), with their
+    /// events, in one transaction: all or none (`import --update`).
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[MachineUpdate],
+        actor: &str,
+    ) -> Result<(), StoreError>;
+
     /// One machine by id.
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError>;
 
@@ -126,6 +203,48 @@ pub trait MachineStore: Send + Sync + 'static {
     /// A page of machines.
     async fn list_machines(&self, filter: &MachineFilter) -> Result<MachinePage, StoreError>;
 
+    /// Every machine `filter` selects, page by page (`filter.limit` a page, from `filter.after`):
+    /// each page goes to `visit` until it returns `false` or the last page is read. The one
+    /// paging loop of the crate; provided, so a store implements `list_machines` only.
+    async fn visit_machines(
+        &self,
+        filter: &MachineFilter,
+        visit: &mut (dyn for<'p> FnMut(&'p [Machine]) -> bool + Send),
+    ) -> Result<(), StoreError> {
+        let mut filter = filter.clone();
+        loop {
+            let page = self.list_machines(&filter).await?;
+            let go_on = visit(&page.items) && page.next_cursor.is_some();
+            match page.items.last().map(|m| m.id) {
+                Some(last) if go_on => filter.after = Some(last),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    /// Every machine `filter` selects (say, every machine of a cluster), read page by page with
+    /// [`MachineStore::visit_machines`].
+    async fn all_machines(&self, filter: &MachineFilter) -> Result<Vec<Machine>, StoreError> {
+        let mut out = Vec::new();
+        self.visit_machines(filter, &mut |page| {
+            out.extend_from_slice(page);
+            true
+        })
+        .await?;
+        Ok(out)
+    }
+
     /// The sealed BMC password of a machine.
     async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError>;
+
+    /// A page of a table of machines: `filter` (its `after` ignored), ordered by `sort`, then
+    /// id, skipping `offset` rows and returning at most `filter.limit` (1-1000). The database
+    /// sorts and pages; `next_cursor` is the next offset when there are more rows.
+    async fn machine_table(
+        &self,
+        filter: &MachineFilter,
+        sort: MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, StoreError>;
 }

@@ -34,9 +34,12 @@ pub use events::{Event, EventFilter, EventStore, NewEvent};
 pub use health::StoreHealth;
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
-pub use machines::{MachineFilter, MachinePage, MachineRecord, MachineStore, PasswordChange};
+pub use machines::{
+    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate,
+    PasswordChange,
+};
 pub use reinstalls::{Reinstall, ReinstallPolicy, ReinstallStore, Stage};
-pub use tokens::{ApiRole, NewToken, TokenInfo, TokenStore};
+pub use tokens::{ApiRole, NewSession, NewToken, TokenInfo, TokenStore};
 
 /// One handle per store port, all backed by one database: what `crate::store::open` returns and
 /// what `app` hands out, port by port, to the use cases.

@@ -96,7 +96,18 @@ pub struct TokenInfo {
     pub revoked: bool,
 }
 
-/// API tokens.
+/// A web console session to store: minted from a live token at sign-in.
+#[derive(Clone, Debug)]
+pub struct NewSession {
+    /// SHA-256 of the session id (the cookie's value); the id itself is never stored.
+    pub hash: Vec<u8>,
+    /// The token the session was minted from: its name and role are the session's.
+    pub token_id: Uuid,
+    /// When the session ends.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// API tokens, and the console sessions minted from them.
 #[async_trait]
 pub trait TokenStore: Send + Sync + 'static {
     /// Store a new API token (its hash only).
@@ -113,4 +124,18 @@ pub trait TokenStore: Send + Sync + 'static {
 
     /// Revoke a token; false when there was none.
     async fn revoke_token(&self, id: Uuid) -> Result<bool, StoreError>;
+
+    /// Store a console session (and drop the sessions that have expired).
+    async fn create_session(&self, session: &NewSession) -> Result<(), StoreError>;
+
+    /// The live token of a session that has not expired, by the SHA-256 of its id, with the
+    /// session's expiry. `None` for an unknown or expired session, or one whose token is no
+    /// longer live.
+    async fn session_by_hash(
+        &self,
+        hash: &[u8],
+    ) -> Result<Option<(TokenInfo, DateTime<Utc>)>, StoreError>;
+
+    /// Delete a session (sign-out); false when there was none.
+    async fn delete_session(&self, hash: &[u8]) -> Result<bool, StoreError>;
 }

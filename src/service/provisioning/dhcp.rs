@@ -328,6 +328,22 @@ impl DhcpService {
         &self.subnets
     }
 
+    /// How full each subnet's dynamic pool is now: (subnet, pool addresses, addresses held by
+    /// a live lease or offer inside the pool).
+    pub async fn pool_use(&self) -> Result<Vec<(Arc<Subnet>, u64, u64)>, StoreError> {
+        let mut out = Vec::with_capacity(self.subnets.len());
+        for subnet in &self.subnets {
+            let size: u64 = subnet.pool.iter().map(|r| r.len()).sum();
+            let busy = self.store.busy_ips(&subnet.key(), now_ms()).await?;
+            let used = busy
+                .iter()
+                .filter(|ip| subnet.pool.iter().any(|r| r.contains(**ip)))
+                .count() as u64;
+            out.push((subnet.clone(), size, used));
+        }
+        Ok(out)
+    }
+
     /// Decide the answer to one request.
     pub async fn handle(&self, req: &DhcpRequest) -> Result<Outcome, StoreError> {
         let subnet = match select_subnet(

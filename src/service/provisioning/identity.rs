@@ -8,11 +8,17 @@
 //! address meant before, so an address that passes to another machine is attributed to the new one
 //! from its ACK on.
 //!
+//! Discovery is what an anonymous request can write, so it is bounded ([`DiscoveryLimits`]):
+//! token buckets per source network (the /24 or /64 a request comes from: one rack's subnet
+//! behind one relay) and for the whole server, and a ceiling on machines waiting in `discovered`.
+//! A request past a bound registers nothing and is told to come back later; a flood of random MACs
+//! makes a bounded number of rows.
+//!
 //! Imports `domain` and the rest of `service`; nothing from a front door or a store.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,6 +29,7 @@ use crate::domain::{
     Interface, LifecycleState, MacAddr, Machine, MachineId, MachineSpec, UniqueKey,
 };
 use crate::service::ports::{LeaseStore, MachineFilter, MachineStore, StoreError};
+use crate::service::throttle::Buckets;
 use crate::service::{Inventory, ServiceError};
 
 /// What iPXE tells about the machine in the query string of `/boot/machine.ipxe`.
@@ -95,6 +102,62 @@ fn remember<K: Hash + Eq>(map: &mut Remembered<K>, key: K, id: Option<MachineId>
     map.insert(key, (id, Instant::now()));
 }
 
+/// Bounds on discovery (see the module's paragraph).
+#[derive(Clone, Copy, Debug)]
+pub struct DiscoveryLimits {
+    /// Machines one source network may register at once.
+    pub per_source_burst: f64,
+    /// ... and per second after that.
+    pub per_source_per_second: f64,
+    /// Machines the whole server may register at once.
+    pub burst: f64,
+    /// ... and per second after that.
+    pub per_second: f64,
+    /// Machines in `discovered` at most: past it, none is registered until an operator triages.
+    pub max_waiting: i64,
+}
+
+impl Default for DiscoveryLimits {
+    fn default() -> Self {
+        DiscoveryLimits {
+            per_source_burst: 32.0,
+            per_source_per_second: 1.0,
+            burst: 128.0,
+            per_second: 5.0,
+            max_waiting: 2000,
+        }
+    }
+}
+
+/// The buckets of [`DiscoveryLimits`] and the count of what they refused.
+struct Discovery {
+    limits: DiscoveryLimits,
+    per_source: Buckets,
+    all: Buckets,
+    refused: prometheus_client::metrics::counter::Counter,
+}
+
+impl Discovery {
+    fn new(limits: DiscoveryLimits) -> Self {
+        Discovery {
+            per_source: Buckets::new(limits.per_source_per_second, limits.per_source_burst),
+            all: Buckets::new(limits.per_second, limits.burst),
+            limits,
+            refused: Default::default(),
+        }
+    }
+}
+
+/// The network a request comes from, for the per-source bucket: its /24 (IPv4) or /64 (IPv6).
+fn source_network(peer: IpAddr) -> IpAddr {
+    match peer {
+        IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) & 0xffff_ff00)),
+        IpAddr::V6(a) => IpAddr::V6(std::net::Ipv6Addr::from(
+            u128::from(a) & !((1u128 << 64) - 1),
+        )),
+    }
+}
+
 /// Resolves booting clients to machines (see the module's paragraph).
 #[derive(Clone)]
 pub struct Identities {
@@ -102,6 +165,7 @@ pub struct Identities {
     leases: Arc<dyn LeaseStore>,
     cache: Arc<Mutex<Cache>>,
     known: Arc<std::sync::RwLock<HashSet<MacAddr>>>,
+    discovery: Arc<Discovery>,
 }
 
 /// Machines read per page when the known MACs are refreshed.
@@ -117,7 +181,48 @@ impl Identities {
             leases,
             cache: Arc::default(),
             known: Arc::default(),
+            discovery: Arc::new(Discovery::new(DiscoveryLimits::default())),
         }
+    }
+
+    /// The same, with other bounds on discovery.
+    pub fn with_discovery_limits(self, limits: DiscoveryLimits) -> Self {
+        Identities {
+            discovery: Arc::new(Discovery::new(limits)),
+            ..self
+        }
+    }
+
+    /// Register the count of refused discoveries.
+    pub fn register(&self, metrics: &crate::metrics::Metrics) {
+        metrics.register(
+            "discoveries_refused",
+            "Boot requests of unknown machines not registered: past a discovery bound",
+            self.discovery.refused.clone(),
+        );
+    }
+
+    /// May a request from `peer` register a machine now? Takes a token of its source network's
+    /// bucket and of the server's, then counts the machines waiting in `discovered`.
+    async fn may_discover(&self, peer: IpAddr) -> Result<bool, StoreError> {
+        let d = &self.discovery;
+        let admitted = d.per_source.take(&source_network(peer)) && d.all.take(&());
+        if admitted {
+            let waiting = self
+                .machines
+                .list_machines(&MachineFilter {
+                    state: Some(LifecycleState::Discovered),
+                    limit: 1,
+                    ..Default::default()
+                })
+                .await?
+                .total;
+            if waiting < d.limits.max_waiting {
+                return Ok(true);
+            }
+        }
+        d.refused.inc();
+        Ok(false)
     }
 
     /// Does the inventory know `mac`? In memory only (no I/O): read from the inventory by
@@ -140,26 +245,18 @@ impl Identities {
     /// Read every NIC MAC of the inventory (what `is_known` answers from), page by page.
     pub async fn refresh_known(&self) -> Result<usize, StoreError> {
         let mut all = HashSet::new();
-        let mut after = None;
-        loop {
-            let page = self
-                .machines
-                .list_machines(&MachineFilter {
-                    limit: KNOWN_PAGE,
-                    after,
-                    ..Default::default()
-                })
-                .await?;
-            for m in &page.items {
-                all.extend(m.interfaces.iter().map(|i| i.mac));
-            }
-            match page.items.last() {
-                Some(last) if page.next_cursor.is_some() && all.len() < KNOWN_MAX => {
-                    after = Some(last.id)
+        let every = MachineFilter {
+            limit: KNOWN_PAGE,
+            ..Default::default()
+        };
+        self.machines
+            .visit_machines(&every, &mut |page| {
+                for m in page {
+                    all.extend(m.interfaces.iter().map(|i| i.mac));
                 }
-                _ => break,
-            }
-        }
+                all.len() < KNOWN_MAX
+            })
+            .await?;
         let n = all.len();
         *self.known.write().unwrap_or_else(|e| e.into_inner()) = all;
         Ok(n)
@@ -221,21 +318,27 @@ impl Identities {
         remember(&mut self.cache().by_mac, mac, Some(id));
     }
 
-    /// The machine behind an iPXE boot request (by MAC, else by SMBIOS UUID), or a new one
-    /// registered as `discovered` with the facts iPXE sent. The flag says it was just registered.
+    /// The machine behind an iPXE boot request from `peer` (by MAC, else by SMBIOS UUID), or a
+    /// new one registered as `discovered` with the facts iPXE sent. The flag says it was just
+    /// registered. `Ok(None)`: an unknown machine past a discovery bound (nothing registered).
     pub async fn find_or_discover(
         &self,
         inventory: &Inventory,
         mac: MacAddr,
         who: &BootIdentity,
-    ) -> Result<(Machine, bool), ServiceError> {
+        peer: IpAddr,
+    ) -> Result<Option<(Machine, bool)>, ServiceError> {
         if let Some(m) = found(inventory.lookup(&UniqueKey::Mac(mac)).await)? {
-            return Ok((m, false));
+            return Ok(Some((m, false)));
         }
         if let Some(u) = who.smbios_uuid() {
             if let Some(m) = found(inventory.lookup(&UniqueKey::SmbiosUuid(u)).await)? {
-                return Ok((m, false));
+                return Ok(Some((m, false)));
             }
+        }
+        if !self.may_discover(peer).await? {
+            tracing::debug!(%mac, %peer, "boot: discovery bound reached; unknown machine not registered");
+            return Ok(None);
         }
         let full = MachineSpec {
             smbios_uuid: who.smbios_uuid(),
@@ -281,7 +384,7 @@ impl Identities {
             Err(e) => return Err(e),
         };
         self.registered(mac, created.0.id);
-        Ok(created)
+        Ok(Some(created))
     }
 }
 
@@ -318,5 +421,13 @@ mod tests {
             Some("52:54:00:aa:bb:01".into())
         );
         assert_eq!(fact(&Some("a".repeat(300))).map(|s| s.len()), Some(255));
+    }
+
+    #[test]
+    fn sources_are_their_networks() {
+        let n = |s: &str| source_network(s.parse().expect("ip")).to_string();
+        assert_eq!(n("10.1.2.3"), "10.1.2.0");
+        assert_eq!(n("10.1.2.250"), "10.1.2.0");
+        assert_eq!(n("fd00:1:2:3:4:5:6:7"), "fd00:1:2:3::");
     }
 }

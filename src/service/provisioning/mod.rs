@@ -25,7 +25,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
-pub use identity::{BootIdentity, Identities};
+pub use identity::{BootIdentity, DiscoveryLimits, Identities};
 pub use images::{ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 
@@ -164,6 +164,16 @@ impl ProvisioningService {
         }
     }
 
+    /// How full each DHCP subnet's pool is (see `DhcpService::pool_use`); empty when DHCP is off.
+    pub async fn pool_use(
+        &self,
+    ) -> Result<Vec<(Arc<crate::domain::dhcp::Subnet>, u64, u64)>, StoreError> {
+        match &self.inner.dhcp {
+            Some(d) => d.pool_use().await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// The boot timeline recorder.
     pub fn timeline(&self) -> &Timeline {
         &self.inner.timeline
@@ -234,13 +244,35 @@ impl ProvisioningService {
         Ok(path)
     }
 
-    /// HTTP `/ipxe/{file}`: an iPXE binary for UEFI HTTP boot.
-    pub async fn ipxe_file(&self, requested: &str) -> Result<std::path::PathBuf, FileRefusal> {
+    /// HTTP `/ipxe/{file}`: an iPXE binary for UEFI HTTP boot. A whole `GET` of a file that is
+    /// there (not the firmware's `HEAD`, which asks for the length and type first, nor a range)
+    /// is the `http.ipxe` step of the boot timeline, attributed to the machine at `peer`.
+    pub async fn ipxe_file(
+        &self,
+        requested: &str,
+        peer: IpAddr,
+        whole_get: bool,
+    ) -> Result<std::path::PathBuf, FileRefusal> {
         let files = self.inner.files.clone();
         let name = requested.to_string();
-        tokio::task::spawn_blocking(move || files.resolve(&name))
-            .await
-            .unwrap_or(Err(FileRefusal::Unavailable))
+        let (path, bytes) = tokio::task::spawn_blocking(move || {
+            let path = files.resolve(&name)?;
+            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            Ok((path, bytes))
+        })
+        .await
+        .unwrap_or(Err(FileRefusal::Unavailable))?;
+        if let (true, IpAddr::V4(ip)) = (whole_get, peer) {
+            tracing::info!(file = %requested, bytes, from = %ip, "ipxe binary served over HTTP");
+            self.inner.timeline.record(Step {
+                kind: "http.ipxe",
+                mac: None,
+                ip: Some(ip),
+                machine: None,
+                detail: serde_json::json!({"file": requested, "bytes": bytes}),
+            });
+        }
+        Ok(path)
     }
 
     /// A machine's boot timeline: every DHCP, TFTP and HTTP step and config fetch seen for it,

@@ -40,6 +40,8 @@ pub enum ScriptOutcome {
     BadRequest,
     /// Plinth cannot decide now (a store fault): 503, with a script that retries.
     Unavailable,
+    /// An unknown machine past a discovery bound: 429, with a script that retries later.
+    Deferred,
 }
 
 /// A script and how it went.
@@ -50,6 +52,9 @@ pub struct ScriptAnswer {
     /// The iPXE script.
     pub script: String,
 }
+
+/// Seconds an unknown machine past a discovery bound waits before it asks again.
+const DEFERRED_RETRY_SECS: u32 = 60;
 
 /// Seconds between polls of a machine whose install waits for something.
 const HOLD_RETRY_SECS: u32 = 30;
@@ -78,10 +83,19 @@ impl ProvisioningService {
         let (m, discovered) = match self
             .inner
             .identities
-            .find_or_discover(&self.inner.inventory, mac, &req.who)
+            .find_or_discover(&self.inner.inventory, mac, &req.who, req.peer)
             .await
         {
-            Ok(x) => x,
+            Ok(Some(x)) => x,
+            Ok(None) => {
+                return ScriptAnswer {
+                    outcome: ScriptOutcome::Deferred,
+                    script: error_script(
+                        "too many unknown machines are booting: not registered yet, retrying",
+                        Some(DEFERRED_RETRY_SECS),
+                    ),
+                };
+            }
             Err(e) => {
                 tracing::error!(error = %e, %mac, "boot: machine look-up failed");
                 // A fault is a 5xx: iPXE's generic script retries.

@@ -17,7 +17,8 @@ use crate::domain::{
     Role, UniqueKey,
 };
 use crate::service::ports::{
-    MachineFilter, MachinePage, MachineRecord, MachineStore, NewEvent, PasswordChange, StoreError,
+    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate, NewEvent,
+    PasswordChange, StoreError,
 };
 use crate::store::{like_pattern, parse_enum, CHUNK};
 
@@ -350,6 +351,65 @@ fn push_filter(q: &mut QueryBuilder<'_, Db>, f: &MachineFilter) {
     }
 }
 
+/// Replace a machine's spec, NICs, disks and BMC if it is still at `expected_version` (bumping
+/// it), inside the caller's transaction.
+async fn update_in_tx(
+    tx: &mut Tx<'_>,
+    id: MachineId,
+    expected_version: i64,
+    rec: &MachineRecord,
+) -> Result<(), StoreError> {
+    let s = &rec.spec;
+    let done = sqlx::query(
+        "UPDATE machines SET hostname = $1, smbios_uuid = $2, serial = $3, asset_tag = $4, \
+             manufacturer = $5, model = $6, site = $7, rack = $8, rack_unit = $9, role = $10, \
+             cluster = $11, profile = $12, updated_at = $13, version = version + 1 \
+             WHERE id = $14 AND version = $15",
+    )
+    .bind(s.hostname.clone())
+    .bind(s.smbios_uuid)
+    .bind(s.serial.clone())
+    .bind(s.asset_tag.clone())
+    .bind(s.manufacturer.clone())
+    .bind(s.model.clone())
+    .bind(s.site.clone())
+    .bind(s.rack.clone())
+    .bind(s.rack_unit.map(i32::from))
+    .bind(s.role.map(|r| r.as_str()))
+    .bind(s.cluster.clone())
+    .bind(s.profile.clone())
+    .bind(Utc::now())
+    .bind(id.0)
+    .bind(expected_version)
+    .execute(&mut **tx)
+    .await?;
+    if done.rows_affected() == 0 {
+        current_version(tx, id.0, expected_version).await?;
+        return Err(StoreError::Backend("update matched no row".into()));
+    }
+    let kept: Option<Vec<u8>> = if rec.password == PasswordChange::Keep {
+        sqlx::query_scalar("SELECT password_ciphertext FROM bmcs WHERE machine_id = $1")
+            .bind(id.0)
+            .fetch_optional(&mut **tx)
+            .await?
+            .flatten()
+    } else {
+        None
+    };
+    for table in ["interfaces", "disks", "bmcs"] {
+        sqlx::query(&format!("DELETE FROM {table} WHERE machine_id = $1"))
+            .bind(id.0)
+            .execute(&mut **tx)
+            .await?;
+    }
+    let mut rec = rec.clone();
+    if let Some(c) = kept {
+        rec.password = PasswordChange::Set(c);
+    }
+    insert_children(tx, &[(id, &rec)]).await?;
+    Ok(())
+}
+
 #[async_trait]
 impl MachineStore for Store {
     async fn create_machine(
@@ -375,54 +435,7 @@ impl MachineStore for Store {
         event: &NewEvent,
     ) -> Result<Machine, StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
-        let s = &rec.spec;
-        let done = sqlx::query(
-            "UPDATE machines SET hostname = $1, smbios_uuid = $2, serial = $3, asset_tag = $4, \
-             manufacturer = $5, model = $6, site = $7, rack = $8, rack_unit = $9, role = $10, \
-             cluster = $11, profile = $12, updated_at = $13, version = version + 1 \
-             WHERE id = $14 AND version = $15",
-        )
-        .bind(s.hostname.clone())
-        .bind(s.smbios_uuid)
-        .bind(s.serial.clone())
-        .bind(s.asset_tag.clone())
-        .bind(s.manufacturer.clone())
-        .bind(s.model.clone())
-        .bind(s.site.clone())
-        .bind(s.rack.clone())
-        .bind(s.rack_unit.map(i32::from))
-        .bind(s.role.map(|r| r.as_str()))
-        .bind(s.cluster.clone())
-        .bind(s.profile.clone())
-        .bind(Utc::now())
-        .bind(id.0)
-        .bind(expected_version)
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() == 0 {
-            current_version(&mut tx, id.0, expected_version).await?;
-            return Err(StoreError::Backend("update matched no row".into()));
-        }
-        let kept: Option<Vec<u8>> = if rec.password == PasswordChange::Keep {
-            sqlx::query_scalar("SELECT password_ciphertext FROM bmcs WHERE machine_id = $1")
-                .bind(id.0)
-                .fetch_optional(&mut *tx)
-                .await?
-                .flatten()
-        } else {
-            None
-        };
-        for table in ["interfaces", "disks", "bmcs"] {
-            sqlx::query(&format!("DELETE FROM {table} WHERE machine_id = $1"))
-                .bind(id.0)
-                .execute(&mut *tx)
-                .await?;
-        }
-        let mut rec = rec.clone();
-        if let Some(c) = kept {
-            rec.password = PasswordChange::Set(c);
-        }
-        insert_children(&mut tx, &[(id, &rec)]).await?;
+        update_in_tx(&mut tx, id, expected_version, rec).await?;
         insert_events(&mut tx, &[event]).await?;
         let m = load_one_tx(&mut tx, id.0).await?;
         tx.commit().await?;
@@ -520,6 +533,43 @@ impl MachineStore for Store {
             })
             .collect();
         let refs: Vec<&NewEvent> = events.iter().collect();
+        insert_events(&mut tx, &refs).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[MachineUpdate],
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        let (_turn, mut tx) = self.begin_write().await?;
+        let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = creates
+            .iter()
+            .map(|(id, r)| (*id, LifecycleState::Registered, r))
+            .collect();
+        insert_machines(&mut tx, &with_state).await?;
+        for u in updates {
+            update_in_tx(&mut tx, u.id, u.expected_version, &u.rec).await?;
+        }
+        let created: Vec<NewEvent> = creates
+            .iter()
+            .map(|(id, r)| NewEvent {
+                machine_id: Some(*id),
+                kind: "machine.created".into(),
+                actor: actor.to_string(),
+                detail: serde_json::json!({
+                    "state": LifecycleState::Registered,
+                    "import": true,
+                    "changes": spec_diff(None, Some(&r.spec)),
+                }),
+            })
+            .collect();
+        let refs: Vec<&NewEvent> = created
+            .iter()
+            .chain(updates.iter().map(|u| &u.event))
+            .collect();
         insert_events(&mut tx, &refs).await?;
         tx.commit().await?;
         Ok(())
@@ -696,6 +746,54 @@ impl MachineStore for Store {
             items,
             total,
             next_cursor,
+        })
+    }
+
+    async fn machine_table(
+        &self,
+        filter: &MachineFilter,
+        sort: MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, StoreError> {
+        let mut count = QueryBuilder::<Db>::new("SELECT COUNT(*) FROM machines m");
+        push_filter(&mut count, filter);
+        let total: i64 = count.build_query_scalar().fetch_one(&self.read).await?;
+        let limit = filter.limit.clamp(1, 1000);
+        let dir = if descending { "DESC" } else { "ASC" };
+        // Column names come from this match only, never from the caller's text.
+        let cols: &[&str] = match sort {
+            MachineSort::Hostname => &["m.hostname"],
+            MachineSort::Location => &["m.site", "m.rack", "m.rack_unit"],
+            MachineSort::State => &["m.state"],
+            MachineSort::Serial => &["m.serial"],
+            MachineSort::AssetTag => &["m.asset_tag"],
+            MachineSort::Updated => &["m.updated_at"],
+        };
+        let order = cols
+            .iter()
+            .map(|c| format!("({c} IS NULL), {c} {dir}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut q = QueryBuilder::<Db>::new(format!("SELECT {MACHINE_COLS} FROM machines m"));
+        push_filter(&mut q, filter);
+        q.push(format!(" ORDER BY {order}, m.id {dir} LIMIT "))
+            .push_bind(i64::from(limit) + 1)
+            .push(" OFFSET ")
+            .push_bind(i64::from(offset));
+        let rows = q.build().fetch_all(&self.read).await?;
+        let mut items = rows
+            .iter()
+            .map(machine_row)
+            .collect::<Result<Vec<_>, _>>()?;
+        let more = items.len() > limit as usize;
+        items.truncate(limit as usize);
+        let mut conn = self.read.acquire().await?;
+        attach(&mut conn, &mut items).await?;
+        Ok(MachinePage {
+            items,
+            total,
+            next_cursor: more.then(|| (u64::from(offset) + u64::from(limit)).to_string()),
         })
     }
 

@@ -2,12 +2,12 @@
 //! dialect (`super::Db`).
 
 use async_trait::async_trait;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use uuid::Uuid;
 
 use super::{Row, Store};
-use crate::service::ports::{NewToken, StoreError, TokenInfo, TokenStore};
+use crate::service::ports::{NewSession, NewToken, StoreError, TokenInfo, TokenStore};
 
 #[async_trait]
 impl TokenStore for Store {
@@ -75,6 +75,55 @@ impl TokenStore for Store {
         .bind(id)
         .execute(&mut *self.write_conn().await?.1)
         .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn create_session(&self, s: &NewSession) -> Result<(), StoreError> {
+        let now = Utc::now();
+        let mut conn = self.write_conn().await?;
+        sqlx::query("DELETE FROM console_sessions WHERE expires_at < $1")
+            .bind(now)
+            .execute(&mut *conn.1)
+            .await?;
+        sqlx::query(
+            "INSERT INTO console_sessions (session_hash, token_id, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(&s.hash)
+        .bind(s.token_id)
+        .bind(now)
+        .bind(s.expires_at)
+        .execute(&mut *conn.1)
+        .await?;
+        Ok(())
+    }
+
+    async fn session_by_hash(
+        &self,
+        hash: &[u8],
+    ) -> Result<Option<(TokenInfo, DateTime<Utc>)>, StoreError> {
+        let row = sqlx::query(
+            "SELECT t.id, t.name, t.role, t.created_at, t.expires_at, \
+             t.revoked_at IS NOT NULL AS revoked, s.expires_at AS session_expires_at \
+             FROM console_sessions s JOIN api_tokens t ON t.id = s.token_id \
+             WHERE s.session_hash = $1",
+        )
+        .bind(hash)
+        .fetch_optional(&self.read)
+        .await?;
+        let Some(row) = row else { return Ok(None) };
+        let until: DateTime<Utc> = row.try_get("session_expires_at")?;
+        if until <= Utc::now() {
+            return Ok(None);
+        }
+        Ok(live(Some(token_row(&row)?))?.map(|t| (t, until)))
+    }
+
+    async fn delete_session(&self, hash: &[u8]) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM console_sessions WHERE session_hash = $1")
+            .bind(hash)
+            .execute(&mut *self.write_conn().await?.1)
+            .await?;
         Ok(done.rows_affected() > 0)
     }
 }

@@ -185,6 +185,20 @@ impl JsonPatch {
         Ok(JsonPatch { ops: out })
     }
 
+    /// Whether an operation writes or removes at `keys` (or above or below).
+    pub fn touches(&self, keys: &[String]) -> bool {
+        self.ops.iter().any(|op| {
+            let tokens: Vec<String> = op
+                .path()
+                .0
+                .iter()
+                .filter(|t| t.parse::<usize>().is_err() && *t != "-")
+                .cloned()
+                .collect();
+            !matches!(op, JsonOp::Test { .. }) && super::on_path(&tokens, keys)
+        })
+    }
+
     /// The operations, in order.
     pub fn operations(&self) -> &[JsonOp] {
         &self.ops

@@ -132,6 +132,33 @@ impl Patch {
     }
 }
 
+/// The keys of a YAML path (`machine.network.interfaces[0].mtu` ->
+/// `["machine", "network", "interfaces", "mtu"]`; list indices dropped).
+pub(crate) fn path_keys(path: &str) -> Vec<String> {
+    path.split('.')
+        .map(|k| k.split('[').next().unwrap_or(k).to_string())
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+/// Whether one key path lies on the other (one is a prefix of the other).
+pub(crate) fn on_path(a: &[String], b: &[String]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+impl Patch {
+    /// Whether this patch sets, merges or deletes something at `path` (or above or below it) in
+    /// the document `document` (as [`DocumentId`](super::DocumentId) displays it): used to name
+    /// the layer that set a field a rule refuses.
+    pub fn touches(&self, document: &str, path: &str) -> bool {
+        let keys = path_keys(path);
+        match self {
+            Patch::Strategic(p) => p.touches(document, &keys),
+            Patch::Json(p) => document == "v1alpha1" && p.touches(&keys),
+        }
+    }
+}
+
 /// Read a patch from text: a YAML or JSON list of operations is a JSON patch; one or more YAML
 /// mappings are a strategic merge patch.
 pub fn load_patch(text: &str) -> Result<Patch, PatchError> {

@@ -90,6 +90,32 @@ impl StrategicPatch {
         Ok(StrategicPatch { steps })
     }
 
+    /// Whether a step of this patch merges or deletes at `keys` (or above or below) in
+    /// `document`.
+    pub fn touches(&self, document: &str, keys: &[String]) -> bool {
+        self.steps.iter().any(|step| match step {
+            Step::Delete(sel) => sel.doc.to_string() == document && super::on_path(&sel.keys, keys),
+            Step::Merge { id, doc } => {
+                if id.to_string() != document {
+                    return false;
+                }
+                let mut node = doc;
+                for k in keys {
+                    match node {
+                        Value::Mapping(m) => match m.get(k.as_str()) {
+                            Some(v) => node = v,
+                            None => return false,
+                        },
+                        // A list item may be the one: count it.
+                        Value::Sequence(_) => return true,
+                        _ => return false,
+                    }
+                }
+                true
+            }
+        })
+    }
+
     /// Apply to a config in place.
     pub fn apply_to(&self, config: &mut MachineConfig) -> Result<(), PatchError> {
         for step in &self.steps {

@@ -19,6 +19,10 @@ use std::sync::OnceLock;
 
 use serde_yaml_ng::Value;
 
+mod rules;
+
+pub use rules::V1ALPHA1_RULES;
+
 use super::disk::SizeBound;
 use super::{kind_name, DocumentId, MachineConfig, TalosVersion};
 
@@ -55,7 +59,13 @@ pub struct Violation {
     pub source: RuleSource,
     /// Error or warning.
     pub severity: Severity,
+    /// The rule: the Talos source file whose validator says so (or the schema file), or
+    /// `plinth` for a rule of Plinth's own.
+    pub rule: &'static str,
 }
+
+/// The rule name of findings from Talos' JSON schema.
+pub const SCHEMA_RULE: &str = "pkg/machinery/config/schemas/config.schema.json";
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -180,6 +190,78 @@ fn hidden_v1alpha1_field(version: TalosVersion, tokens: &[String]) -> bool {
             || v1alpha1_trees()
                 .iter()
                 .any(|(minor, tree)| *minor <= version.minor && tree.knows(tokens)))
+}
+
+/// The v1alpha1 validators of the embedded schemas, by minor release, compiled once.
+fn v1alpha1_validators() -> &'static [(u32, jsonschema::Validator)] {
+    static VALIDATORS: OnceLock<Vec<(u32, jsonschema::Validator)>> = OnceLock::new();
+    VALIDATORS.get_or_init(|| {
+        EMBEDDED_SCHEMAS
+            .iter()
+            .filter_map(|(_, minor, _, text)| {
+                let mut schema: serde_json::Value = serde_json::from_str(text).ok()?;
+                let obj = schema.as_object_mut()?;
+                obj.remove("oneOf");
+                obj.insert(
+                    "$ref".into(),
+                    serde_json::Value::String("#/$defs/v1alpha1.Config".into()),
+                );
+                Some((*minor, jsonschema::validator_for(&schema).ok()?))
+            })
+            .collect()
+    })
+}
+
+/// Type errors in the values of hidden v1alpha1 fields (at `hidden`), as the newest embedded
+/// schema of the same or an earlier release that documents each field sees them. Unknown keys
+/// are left to [`unknown_under`].
+fn hidden_value_errors(
+    version: TalosVersion,
+    doc: &serde_json::Value,
+    hidden: &[Vec<String>],
+) -> Vec<(Vec<String>, String)> {
+    let mut out = Vec::new();
+    if hidden.is_empty() || version.major != 1 {
+        return out;
+    }
+    let trees = v1alpha1_trees();
+    for (minor, validator) in v1alpha1_validators().iter().rev() {
+        if *minor > version.minor {
+            continue;
+        }
+        let Some((_, tree)) = trees.iter().find(|(m, _)| m == minor) else {
+            continue;
+        };
+        let mine: Vec<&Vec<String>> = hidden
+            .iter()
+            .filter(|h| tree.knows(h))
+            .filter(|h| {
+                // Only the newest schema that knows a field speaks for it.
+                !trees.iter().any(|(m, t)| {
+                    *m > *minor && *m <= version.minor && t.knows(h) && *m != version.minor
+                })
+            })
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        for e in validator.iter_errors(doc) {
+            if matches!(
+                e.kind(),
+                jsonschema::error::ValidationErrorKind::AdditionalProperties { .. }
+            ) {
+                continue;
+            }
+            let tokens = pointer_tokens(e.instance_path().as_str());
+            if mine.iter().any(|h| tokens.starts_with(h)) {
+                out.push((
+                    tokens,
+                    format!("{e} (field hidden from the Talos {version} docs)"),
+                ));
+            }
+        }
+    }
+    out
 }
 
 /// The places under a hidden field (at `tokens`, holding `value`) that Talos does not decode.
@@ -546,6 +628,7 @@ impl SchemaValidator {
                 message,
                 source: RuleSource::Schema,
                 severity: Severity::Error,
+                rule: SCHEMA_RULE,
             };
             let key = (id.api_version.clone(), id.kind.clone());
             if self.unchecked.contains(&key) {
@@ -580,6 +663,7 @@ impl SchemaValidator {
             };
             match self.validator(def) {
                 Ok(validator) => {
+                    let mut hidden_seen: Vec<Vec<String>> = Vec::new();
                     for e in validator.iter_errors(&json) {
                         let path = pointer_to_path(e.instance_path().as_str());
                         let unexpected = match e.kind() {
@@ -597,6 +681,7 @@ impl SchemaValidator {
                             tokens.push(key.clone());
                             let mut unknown = Vec::new();
                             if hidden_v1alpha1_field(self.version, &tokens) {
+                                hidden_seen.push(tokens.clone());
                                 // Hidden, but its own fields must still be ones Talos decodes.
                                 let value = json.pointer(&format!(
                                     "{}/{}",
@@ -621,6 +706,12 @@ impl SchemaValidator {
                                 ));
                             }
                         }
+                    }
+                    // Values under hidden fields are still typed: check them against the
+                    // newest earlier schema that documents them.
+                    for (tokens, message) in hidden_value_errors(self.version, &json, &hidden_seen)
+                    {
+                        out.push(v(&tokens_to_path(&tokens), message));
                     }
                 }
                 Err(e) => out.push(v(
@@ -715,7 +806,9 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
             message: "the config has no v1alpha1 document (machine and cluster sections)".into(),
             source: RuleSource::Talos,
             severity: Severity::Error,
+            rule: V1ALPHA1_RULES,
         });
+        rules::check_documents(config, &mut out);
         return out;
     };
     let mut push = |path: &str, message: String, source: RuleSource| {
@@ -725,6 +818,11 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
             message,
             source,
             severity: Severity::Error,
+            rule: match source {
+                RuleSource::Plinth => "plinth",
+                RuleSource::Schema => SCHEMA_RULE,
+                RuleSource::Talos => V1ALPHA1_RULES,
+            },
         })
     };
     if at(doc, &["machine"]).is_none() {
@@ -849,38 +947,10 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
         }
     }
 
-    check_hostname_documents(config, doc, &mut push);
     check_install(config, doc, version, &mut push);
+    rules::check_v1alpha1(doc, control_plane, version, &mut out);
+    rules::check_documents(config, &mut out);
     out
-}
-
-/// A `HostnameConfig` document conflicts with a hostname or stable hostname set in v1alpha1.
-fn check_hostname_documents(
-    config: &MachineConfig,
-    doc: &Value,
-    push: &mut impl FnMut(&str, String, RuleSource),
-) {
-    let has_doc = config
-        .documents()
-        .iter()
-        .any(|d| DocumentId::of(d).is_some_and(|id| id.kind == "HostnameConfig"));
-    if !has_doc {
-        return;
-    }
-    if non_empty(doc, &["machine", "network", "hostname"]) {
-        push(
-            "machine.network.hostname",
-            "static hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
-            RuleSource::Talos,
-        );
-    }
-    if at(doc, &["machine", "features", "stableHostname"]).and_then(Value::as_bool) == Some(true) {
-        push(
-            "machine.features.stableHostname",
-            "stable hostname is already set in v1alpha1 config; the HostnameConfig document conflicts with it".into(),
-            RuleSource::Talos,
-        );
-    }
 }
 
 fn check_worker_vips(

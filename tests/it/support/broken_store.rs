@@ -166,6 +166,16 @@ impl MachineStore for BrokenStore {
         s.machines.import_machines(rows, actor).await
     }
 
+    async fn import_and_update(
+        &self,
+        creates: &[(MachineId, MachineRecord)],
+        updates: &[plinth::service::ports::MachineUpdate],
+        actor: &str,
+    ) -> Result<(), StoreError> {
+        let s = self.port(Port::Machines)?;
+        s.machines.import_and_update(creates, updates, actor).await
+    }
+
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError> {
         self.port(Port::Machines)?.machines.get_machine(id).await
     }
@@ -187,6 +197,19 @@ impl MachineStore for BrokenStore {
 
     async fn bmc_password(&self, id: MachineId) -> Result<Option<Vec<u8>>, StoreError> {
         self.port(Port::Machines)?.machines.bmc_password(id).await
+    }
+
+    async fn machine_table(
+        &self,
+        filter: &MachineFilter,
+        sort: plinth::service::MachineSort,
+        descending: bool,
+        offset: u32,
+    ) -> Result<MachinePage, StoreError> {
+        self.port(Port::Machines)?
+            .machines
+            .machine_table(filter, sort, descending, offset)
+            .await
     }
 }
 
@@ -229,6 +252,27 @@ impl TokenStore for BrokenStore {
 
     async fn revoke_token(&self, id: Uuid) -> Result<bool, StoreError> {
         self.port(Port::Tokens)?.tokens.revoke_token(id).await
+    }
+
+    async fn create_session(
+        &self,
+        session: &plinth::service::NewSession,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Tokens)?
+            .tokens
+            .create_session(session)
+            .await
+    }
+
+    async fn session_by_hash(
+        &self,
+        hash: &[u8],
+    ) -> Result<Option<(TokenInfo, chrono::DateTime<chrono::Utc>)>, StoreError> {
+        self.port(Port::Tokens)?.tokens.session_by_hash(hash).await
+    }
+
+    async fn delete_session(&self, hash: &[u8]) -> Result<bool, StoreError> {
+        self.port(Port::Tokens)?.tokens.delete_session(hash).await
     }
 }
 

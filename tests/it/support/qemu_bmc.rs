@@ -2,8 +2,9 @@
 //! (`PowerState`, `Boot` with its override and allowable targets, `ComputerSystem.Reset` with its
 //! allowable reset types), its Manager, HTTP basic auth and ETags with `If-Match` on PATCH.
 //!
-//! Power is qemu itself: `On` starts a qemu process (network first when a one-time PXE boot is
-//! pending, which the start consumes; else disk first), `ForceOff` stops it through QMP (`quit`
+//! Power is qemu itself: `On` starts a qemu process (network first when a one-time PXE or UEFI HTTP
+//! boot is pending, which the start consumes; else disk first; for `UefiHttp` with the firmware's
+//! PXE off, `vm_lab::http_boot_only_args`, so its HTTP boot option is the network boot it takes), `ForceOff` stops it through QMP (`quit`
 //! on its unix socket), `ForceRestart` and `PowerCycle` do both. `PowerState` is whether that
 //! process runs, so a guest that powers itself off reads `Off`.
 //!
@@ -27,7 +28,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::Mutex;
 
-use super::vm_lab::{wait_for_line, Lab};
+use super::vm_lab::{http_boot_only_args, wait_for_line, Lab};
 
 /// Environment variable naming the spec file; it turns the re-executed test binary
 /// (`support::reexec`) into the BMC.
@@ -38,7 +39,7 @@ const SYSTEM: &str = "/redfish/v1/Systems/vm";
 const MANAGER: &str = "/redfish/v1/Managers/bmc";
 const RESET: &str = "/redfish/v1/Systems/vm/Actions/ComputerSystem.Reset";
 const RESET_TYPES: [&str; 4] = ["On", "ForceOff", "ForceRestart", "PowerCycle"];
-const BOOT_TARGETS: [&str; 3] = ["None", "Pxe", "Hdd"];
+const BOOT_TARGETS: [&str; 4] = ["None", "Pxe", "UefiHttp", "Hdd"];
 const BOOT_ENABLED: [&str; 3] = ["Disabled", "Once", "Continuous"];
 
 /// What the BMC serves and drives.
@@ -271,7 +272,9 @@ impl Machine {
         if self.power_state() == "On" {
             return Ok(());
         }
-        let network = self.target == "Pxe" && self.enabled != "Disabled";
+        let pending = self.enabled != "Disabled";
+        let http = pending && self.target == "UefiHttp";
+        let network = pending && (self.target == "Pxe" || http);
         if self.enabled == "Once" {
             // The one-time override is consumed by this boot.
             self.enabled = "Disabled".into();
@@ -285,6 +288,9 @@ impl Machine {
             .open(&self.spec.qemu_log)
             .map_err(|e| format!("qemu log: {e}"))?;
         let mut args: Vec<String> = self.spec.qemu[1..].to_vec();
+        if http {
+            args.extend(http_boot_only_args());
+        }
         args.extend([
             "-boot".into(),
             if network { "order=n" } else { "order=c" }.into(),
@@ -303,9 +309,11 @@ impl Machine {
         let pid = child.id();
         self.qemu = Some(child);
         self.version += 1;
-        self.record(
-            json!({"qemu": "start", "boot": if network { "network" } else { "disk" }, "pid": pid}),
-        );
+        self.record(json!({"qemu": "start", "boot": match (http, network) {
+                (true, _) => "http",
+                (false, true) => "network",
+                (false, false) => "disk",
+            }, "pid": pid}));
         // Up means QMP answers: wait (bounded) for its socket.
         let start = Instant::now();
         while !self.spec.qmp.exists() {
@@ -364,7 +372,7 @@ impl Machine {
             "Boot": {
                 "BootSourceOverrideTarget": self.target,
                 "BootSourceOverrideEnabled": self.enabled,
-                "BootSourceOverrideMode": "Legacy",
+                "BootSourceOverrideMode": if self.spec.qemu.iter().any(|a| a.contains("if=pflash")) { "UEFI" } else { "Legacy" },
                 "BootSourceOverrideTarget@Redfish.AllowableValues": BOOT_TARGETS,
             },
             "Actions": {

@@ -4,8 +4,6 @@
 //! entry, [`ENTRY`], is not a test: it is `#[ignore]`d, so a test run never runs it or counts it
 //! as a pass; [`ARGS`] select it with `--ignored`.
 
-use super::{peers, qemu_bmc, talos_node};
-
 /// The libtest name of the entry point.
 pub const ENTRY: &str = "support::reexec::entry";
 
@@ -19,12 +17,13 @@ pub const ARGS: [&str; 6] = [
     "-q",
 ];
 
-/// Become the process the environment names: [`peers::AGENT_ENV`] (the namespace agent),
-/// [`qemu_bmc::BMC_ENV`] (the BMC of a qemu VM) or [`talos_node::NODE_ENV`] (a node's Talos API).
+/// Become the process the environment names: `peers::AGENT_ENV` (the namespace agent),
+/// `qemu_bmc::BMC_ENV` (the BMC of a qemu VM) or `talos_node::NODE_ENV` (a node's Talos API).
 /// Without any of them it does nothing.
 #[test]
 #[ignore = "re-exec entry point, not a test (see support::reexec)"]
 fn entry() {
+    use super::{peers, qemu_bmc, talos_node};
     if let Ok(spec) = std::env::var(peers::AGENT_ENV) {
         peers::agent_main(&spec);
     } else if let Ok(spec) = std::env::var(qemu_bmc::BMC_ENV) {

@@ -634,3 +634,29 @@ where
         tokio::time::sleep(every).await;
     }
 }
+
+/// qemu arguments that leave OVMF or AAVMF one way to boot from the network, UEFI HTTP boot over
+/// IPv4, as on a server whose PXE is disabled in its setup: the firmware's own fw_cfg switches
+/// (`opt/org.tianocore/IPv4PXESupport`, `.../IPv6Support`, see edk2's OvmfPkg/RUNTIME_CONFIG.md)
+/// turn off its PXE and its IPv6 stack, so with `-boot order=n` the first network option is
+/// "UEFI HTTPv4 (MAC:...)".
+pub fn http_boot_only_args() -> Vec<String> {
+    [
+        "-fw_cfg",
+        "name=opt/org.tianocore/IPv4PXESupport,string=no",
+        "-fw_cfg",
+        "name=opt/org.tianocore/IPv6Support,string=no",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `cfg` (from [`config`]) with Plinth's TFTP server off, so a firmware that fell back to PXE
+/// would find nothing to fetch.
+pub fn without_tftp(cfg: &Path) {
+    let text = std::fs::read_to_string(cfg).expect("config");
+    assert!(text.contains("[tftp]\nenabled = true\n"), "{text}");
+    let text = text.replacen("[tftp]\nenabled = true\n", "[tftp]\nenabled = false\n", 1);
+    std::fs::write(cfg, text).expect("config");
+}
