@@ -1,5 +1,6 @@
-//! `/api/v1/machines`: register, show, edit (`If-Match`), remove, list with filters and keyset
-//! pagination, look up by a unique value, bulk import; and `/api/v1/events`.
+//! `/api/v1/machines`: register, show, edit (`If-Match`), remove (refused mid-reinstall unless
+//! forced), list with filters and keyset pagination, look up by a unique value, bulk import,
+//! where a machine stands (`/status`); and `/api/v1/events`.
 
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -468,4 +469,112 @@ pub async fn events(
         limit,
     };
     Ok(Json(s.inventory.events(&filter).await?))
+}
+
+/// A machine's id and host name.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct StatusMachine {
+    /// Inventory id.
+    pub id: MachineId,
+    /// Host name.
+    pub hostname: Option<String>,
+}
+
+/// Where a machine stands, in one answer.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct MachineStatus {
+    /// The machine's id and host name.
+    pub machine: StatusMachine,
+    /// Lifecycle state.
+    pub state: LifecycleState,
+    /// Why it is in that state.
+    pub state_reason: Option<String>,
+    /// Who set the state.
+    pub state_by: Option<String>,
+    /// A person set the state: the automatic reinstall keeps off.
+    pub manual_hold: bool,
+    /// The current or last reinstall: its stage and the stage's deadline.
+    pub reinstall: Option<crate::service::Reinstall>,
+    /// Why its last boot waits, when its last boot plan held (image not cached, window closed,
+    /// waiting to be accepted...).
+    pub waiting: Option<String>,
+    /// The last DHCP step.
+    pub last_dhcp: Option<Event>,
+    /// The last boot step (DHCP, TFTP, HTTP, boot script, config).
+    pub last_boot_step: Option<Event>,
+    /// The provisioning window.
+    pub window: Option<crate::service::ProvisionWindow>,
+    /// Whether the window is open now.
+    pub window_open: bool,
+    /// Whether the machine's config renders and validates.
+    pub config_valid: bool,
+    /// The power state the BMC reports (`on`, `off`...); none without a BMC.
+    pub power: Option<String>,
+    /// Why the power state is unknown (the BMC did not answer in 5 s, refused, failed).
+    pub power_error: Option<String>,
+}
+
+/// Where a machine stands: its state and who set it, its reinstall's stage and deadline, why its
+/// boot waits, its last DHCP exchange and boot step, its provisioning window and its power state
+/// (asked from its BMC, at most 5 s).
+#[utoipa::path(get, path = "/api/v1/machines/{id}/status", tag = "machines",
+    params(("id" = String, Path, description = "inventory id or host name")),
+    responses((status = 200, body = MachineStatus), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn status(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<MachineStatus>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    let m = s.inventory.resolve(&id).await?;
+    let reinstall = s.workflows.status(m.id).await?;
+    let steps = s.provisioning.timeline_of(m.id).await?;
+    let config = s.configs.status(&m).await?;
+    let last = |prefixes: &[&str]| {
+        steps
+            .iter()
+            .rev()
+            .find(|e| prefixes.iter().any(|p| e.kind.starts_with(p)))
+            .cloned()
+    };
+    let waiting = last(&["boot.script", "boot.discovered"]).and_then(|e| {
+        e.detail
+            .get("reason")
+            .and_then(|r| r.as_str())
+            .map(str::to_string)
+    });
+    let (power, power_error) = if m.bmc.is_some() {
+        let asked = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.bmc.power_state(&m.id.to_string()),
+        )
+        .await;
+        match asked {
+            Ok(Ok(r)) => (Some(r.power_state), None),
+            Ok(Err(e)) => (None, Some(e.to_string())),
+            Err(_) => (None, Some("the BMC did not answer within 5 s".into())),
+        }
+    } else {
+        (None, None)
+    };
+    Ok(Json(MachineStatus {
+        machine: StatusMachine {
+            id: m.id,
+            hostname: m.hostname.clone(),
+        },
+        state: m.state,
+        state_reason: m.state_reason.clone(),
+        state_by: m.state_by.clone(),
+        manual_hold: m.manual_hold,
+        reinstall,
+        waiting,
+        last_dhcp: last(&["dhcp."]),
+        last_boot_step: last(&["dhcp.", "tftp.", "http.", "boot.", "config."]),
+        window: config.window,
+        window_open: config.window_open,
+        config_valid: config.valid,
+        power,
+        power_error,
+    }))
 }

@@ -89,6 +89,7 @@ pub fn router(state: AppState) -> Router {
                 .put(circuits::set)
                 .delete(circuits::clear),
         )
+        .route("/machines/{id}/status", get(machines::status))
         .route("/machines/{id}/timeline", get(boot::timeline))
         .route(
             "/machines/{id}/provision",

@@ -33,7 +33,7 @@ impl Modify for Bearer {
     paths(
         super::healthz,
         machines::create, machines::show, machines::update, machines::remove, machines::list,
-        machines::lookup, machines::import, machines::events, machines::set_state,
+        machines::lookup, machines::import, machines::events, machines::set_state, machines::status,
         tokens::create, tokens::list, tokens::revoke,
         bmc::power_status, bmc::power, bmc::boot_once, bmc::media_status, bmc::media_insert,
         bmc::media_eject, bmc::inspect, bmc::capabilities, bmc::refresh_capabilities, bmc::probe,
@@ -52,7 +52,7 @@ impl Modify for Bearer {
         InspectedNic, InspectedDrive, DriveSource, Capabilities, EtagSupport,
         ApiRole, TokenInfo, tokens::NewTokenRequest, tokens::MintedToken, machines::ImportResult, machines::StateChange,
         super::circuits::CircuitAnswer, super::circuits::SetCircuit, crate::service::ports::CircuitPin,
-        crate::service::machine_config::ConfigStatus, configs::OpenWindow, configs::ApproveRelease, configs::WindowOpened, crate::service::ProvisionWindow,
+        crate::service::machine_config::ConfigStatus, configs::OpenWindow, configs::ApproveRelease, configs::WindowOpened, crate::service::ProvisionWindow, machines::MachineStatus, machines::StatusMachine,
         workflows::ReinstallRequest, crate::service::workflow::Started, crate::service::workflow::Cancelled, crate::service::Reinstall, crate::service::Stage,
         super::clusters::BootstrapRequest, super::clusters::CredentialRequest,
         crate::service::clusters::ClusterHealth, crate::service::clusters::NodeHealth, crate::service::clusters::EtcdHealth,

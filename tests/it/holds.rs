@@ -1,7 +1,8 @@
 //! Why a machine waits (issue 16, item 4): a boot that holds because the cluster's Talos image is
 //! not cached names the exact `plinth image pull` command in its `boot.script` event, on the
 //! timeline, in `machine reinstall`'s warning and in `--follow`'s `waiting:` line; an unknown
-//! machine's event says it waits to be accepted; `provision` checks the image first and starts
+//! machine's event says it waits to be accepted; `machine status` (and its API) shows the stage
+//! with its deadline, the last boot step, why it waits and the power state; `provision` checks the image first and starts
 //! the pull, which fetches kernel and initramfs together, once, with bounded progress events
 //! (the Image Factory is the loopback server of `images_pull`).
 
@@ -136,6 +137,42 @@ async fn uncached_image_hold_names_the_pull_command(b: Backend) {
     );
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&command), "{out}");
+
+    // machine status says where it stands and why it waits (API and CLI).
+    let st = get(&srv, "/api/v1/machines/node-1/status").await;
+    assert_eq!(st["state"], "provisioning", "{st}");
+    assert_eq!(st["reinstall"]["stage"], "power", "{st}");
+    assert!(st["reinstall"]["stage_deadline"].is_string(), "{st}");
+    assert_eq!(st["last_boot_step"]["kind"], "boot.script", "{st}");
+    assert!(
+        st["waiting"].as_str().is_some_and(|w| w.contains(&command)),
+        "{st}"
+    );
+    assert!(
+        st["power"].is_null() && st["power_error"].is_null(),
+        "no BMC: {st}"
+    );
+    let (code, out, err) = crate::cli::plinth(
+        tmp.path(),
+        &["machine", "status", "node-1"],
+        &[
+            ("PLINTH_SERVER", srv.base.clone()),
+            ("PLINTH_TOKEN", srv.viewer.clone()),
+            // Wide enough that the table keeps the command on one line.
+            ("COLUMNS", "1000".into()),
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "waiting",
+        &command,
+        "stage power",
+        "deadline",
+        "power",
+        "unknown (no BMC)",
+    ] {
+        assert!(out.contains(want), "status shows {want}: {out}");
+    }
 
     // Cancel: --follow ends; it printed the hold once (two polls, one reason) with the command.
     let (st, body) = post(

@@ -1,65 +1,33 @@
-//! `plinth machine status NAME`: where a machine stands, gathered from the API's machine,
-//! reinstall, timeline and config answers into one JSON object (what `--json` prints), and shown
-//! as one row per field of `FIELDS`, so a new field (a power state, say) is one line there.
+//! `plinth machine status NAME`: where a machine stands, as `GET /api/v1/machines/{id}/status`
+//! answers it (what `--json` prints), shown as one row per field of `FIELDS`, so a new field is
+//! one line there.
 //!
 //! Imports `cli::api` and `cli::output` only.
 
 use reqwest::Method;
 use serde_json::{json, Value};
 
-use crate::cli::api::{ApiClient, ApiFailure};
+use crate::cli::api::ApiClient;
 use crate::cli::output::{s, say, table};
 
-/// Event kinds that are steps of a boot (the timeline also holds state changes).
-const BOOT_STEPS: &[&str] = &["dhcp.", "tftp.", "http.", "boot.", "config."];
-
-/// Gather the status of `machine` (named any way the CLI accepts).
+/// Gather the status of `machine` (named any way the CLI accepts) from
+/// `GET /api/v1/machines/{id}/status`.
 pub(super) async fn gather(api: &ApiClient, machine: &str) -> anyhow::Result<Value> {
-    let (_, m) = api.get_machine(machine).await?;
-    let id = s(&m["id"]);
-    let reinstall = match api
-        .send(api.req(Method::GET, &format!("/machines/{id}/reinstall")))
-        .await
-    {
-        Ok((_, r)) => r,
-        Err(e)
-            if e.downcast_ref::<ApiFailure>()
-                .is_some_and(|f| f.status == 404) =>
-        {
-            Value::Null
+    let id = api.machine_id(machine).await?;
+    let (_, status) = api
+        .send(api.req(Method::GET, &format!("/machines/{id}/status")))
+        .await?;
+    let mut status = status;
+    // A config release waiting for an operator (`delivery: approve`) is a reason to wait too.
+    if status["waiting"].is_null() {
+        let (_, config) = api
+            .send(api.req(Method::GET, &format!("/machines/{id}/config")))
+            .await?;
+        if let Some(hold) = config["hold"].as_str() {
+            status["waiting"] = json!(hold);
         }
-        Err(e) => return Err(e),
-    };
-    let (_, timeline) = api
-        .send(api.req(Method::GET, &format!("/machines/{id}/timeline")))
-        .await?;
-    let (_, config) = api
-        .send(api.req(Method::GET, &format!("/machines/{id}/config")))
-        .await?;
-    let steps = timeline.as_array().cloned().unwrap_or_default();
-    let last = |prefixes: &[&str]| {
-        steps
-            .iter()
-            .rev()
-            .find(|e| {
-                let kind = e["kind"].as_str().unwrap_or("");
-                prefixes.iter().any(|p| kind.starts_with(p))
-            })
-            .cloned()
-            .unwrap_or(Value::Null)
-    };
-    Ok(json!({
-        "machine": {"id": id, "hostname": m["hostname"]},
-        "state": m["state"],
-        "state_reason": m["state_reason"],
-        "reinstall": reinstall,
-        "last_dhcp": last(&["dhcp."]),
-        "last_boot_step": last(BOOT_STEPS),
-        "window": config["window"],
-        "window_open": config["window_open"],
-        "config_valid": config["valid"],
-        "hold": config["hold"],
-    }))
+    }
+    Ok(status)
 }
 
 /// An event as one cell: when, kind, and its detail.
@@ -87,6 +55,9 @@ fn reinstall(r: &Value) -> String {
             s(&r["stage_started_at"]),
             s(&r["stage_deadline"])
         ),
+        (false, Some(err)) if r["stage"] == json!("cancelled") => {
+            format!("cancelled at {}: {err}{auto}", s(&r["finished_at"]))
+        }
         (false, Some(err)) => format!("failed at {}: {err}{auto}", s(&r["finished_at"])),
         (false, None) => format!("finished at {}{auto}", s(&r["finished_at"])),
     }
@@ -126,9 +97,32 @@ const FIELDS: &[Field] = &[
             s(&st["machine"]["id"])
         )
     }),
-    ("state", |st| s(&st["state"])),
+    ("state", |st| {
+        let by = match st["state_by"].as_str() {
+            Some(by)
+                if st["manual_hold"] == json!(true)
+                    && (st["state"] == json!("failed") || st["state"] == json!("maintenance")) =>
+            {
+                format!(" (set by {by}; no automatic reinstall)")
+            }
+            Some(by) => format!(" (set by {by})"),
+            None => String::new(),
+        };
+        format!("{}{by}", s(&st["state"]))
+    }),
     ("state reason", |st| s(&st["state_reason"])),
     ("reinstall", |st| reinstall(&st["reinstall"])),
+    ("waiting", |st| match st["waiting"].as_str() {
+        Some(w) => w.to_string(),
+        None => "no".into(),
+    }),
+    ("power", |st| {
+        match (st["power"].as_str(), st["power_error"].as_str()) {
+            (Some(p), _) => p.to_string(),
+            (None, Some(e)) => format!("unknown: {e}"),
+            (None, None) => "unknown (no BMC)".into(),
+        }
+    }),
     ("last DHCP", |st| event(&st["last_dhcp"])),
     ("last boot step", |st| event(&st["last_boot_step"])),
     ("window", window),
