@@ -663,6 +663,13 @@ async fn two_instances_on_one_postgres_never_share_an_address() {
         &db_url,
         &subnet("10.84.0.1"),
     );
+    // Instances sharing a database share its secret key (a different one is refused at start).
+    std::fs::create_dir_all(tmp.path().join("b")).expect("dir b");
+    std::fs::copy(
+        tmp.path().join("a").join("secret.key"),
+        tmp.path().join("b").join("secret.key"),
+    )
+    .expect("share the key");
     let pb = start_plinth(
         &mut lan,
         &b,

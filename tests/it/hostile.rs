@@ -268,11 +268,7 @@ async fn idle_connections_and_silent_tftp_clients_past_the_descriptor_limit_take
     std::fs::create_dir(&ipxe).expect("ipxe dir");
     let file: Vec<u8> = (0..300_000u32).map(|i| (i * 7 + i / 251) as u8).collect();
     std::fs::write(ipxe.join("ipxe.efi"), &file).expect("file");
-    std::fs::write(
-        dir.path().join("secret.key"),
-        plinth::service::SecretBox::generate_key_text(),
-    )
-    .expect("key");
+    crate::support::write_key(&dir.path().join("secret.key"));
     let config = dir.path().join("plinth.toml");
     std::fs::write(
         &config,

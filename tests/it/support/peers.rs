@@ -29,7 +29,10 @@ pub struct Plinth {
 /// Write a config and start `plinth serve` in `host`; waits (bounded) for its announcement.
 pub fn start_plinth(lan: &mut Lan, host: &Host, dir: &Path, db_url: &str, dhcp: &str) -> Plinth {
     std::fs::create_dir_all(dir).expect("dir");
-    super::write_key(&dir.join("secret.key"));
+    // A key already there (instances sharing one database share their key) is kept.
+    if !dir.join("secret.key").exists() {
+        super::write_key(&dir.join("secret.key"));
+    }
     let cfg = format!(
         "data_dir = \"{data}\"\n[database]\nurl = \"{db_url}\"\nmax_connections = 8\n[http]\nlisten = \"127.0.0.1:0\"\n\
          [secrets]\nkey_file = \"{key}\"\n[dhcp]\nenabled = true\ninterfaces = [\"{ifname}\"]\n{dhcp}\n",
