@@ -7,7 +7,7 @@ use axum::extract::{Path, State};
 use axum::response::Redirect;
 
 use super::session::{Action, ConsoleError};
-use crate::domain::LifecycleState;
+use crate::domain::{LifecycleState, Machine};
 use crate::http::AppState;
 use crate::service::ports::bmc::{BootTarget, PowerAction};
 use crate::service::ApiRole;
@@ -25,6 +25,19 @@ fn back(id: impl std::fmt::Display) -> Redirect {
     Redirect::to(&format!("/console/machines/{id}"))
 }
 
+/// The machine `id` names, which must be waiting in `discovered`; otherwise 409, the machine's
+/// name and state followed by `why`.
+async fn discovered(s: &AppState, id: &str, why: &str) -> Result<Machine, ConsoleError> {
+    let m = s.inventory.resolve(id).await?;
+    if m.state != LifecycleState::Discovered {
+        return Err(ConsoleError::new(
+            axum::http::StatusCode::CONFLICT,
+            format!("{} is {}{why}", m.display_name(), m.state),
+        ));
+    }
+    Ok(m)
+}
+
 /// Accept a discovered machine: set its host name, site, rack and unit, then register it.
 pub async fn accept(
     State(s): State<AppState>,
@@ -32,17 +45,7 @@ pub async fn accept(
     a: Action,
 ) -> Result<Redirect, ConsoleError> {
     a.who.require(ApiRole::Operator)?;
-    let m = s.inventory.resolve(&id).await?;
-    if m.state != LifecycleState::Discovered {
-        return Err(ConsoleError::new(
-            axum::http::StatusCode::CONFLICT,
-            format!(
-                "{} is {}, not discovered: nothing to accept",
-                m.display_name(),
-                m.state
-            ),
-        ));
-    }
+    let m = discovered(&s, &id, ", not discovered: nothing to accept").await?;
     let hostname = a
         .field("hostname")
         .ok_or_else(|| ConsoleError::bad("hostname: give the machine a host name"))?;
@@ -85,17 +88,7 @@ pub async fn reject(
     a: Action,
 ) -> Result<Redirect, ConsoleError> {
     a.who.require(ApiRole::Operator)?;
-    let m = s.inventory.resolve(&id).await?;
-    if m.state != LifecycleState::Discovered {
-        return Err(ConsoleError::new(
-            axum::http::StatusCode::CONFLICT,
-            format!(
-                "{} is {}: only a discovered machine is rejected here",
-                m.display_name(),
-                m.state
-            ),
-        ));
-    }
+    let m = discovered(&s, &id, ": only a discovered machine is rejected here").await?;
     s.inventory
         .delete(m.id, version(&a)?.or(Some(m.version)), &a.who.actor())
         .await?;

@@ -513,29 +513,8 @@ impl MachineStore for Store {
         rows: &[(MachineId, MachineRecord)],
         actor: &str,
     ) -> Result<(), StoreError> {
-        let (_turn, mut tx) = self.begin_write().await?;
-        let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = rows
-            .iter()
-            .map(|(id, r)| (*id, LifecycleState::Registered, r))
-            .collect();
-        insert_machines(&mut tx, &with_state).await?;
-        let events: Vec<NewEvent> = rows
-            .iter()
-            .map(|(id, r)| NewEvent {
-                machine_id: Some(*id),
-                kind: "machine.created".into(),
-                actor: actor.to_string(),
-                detail: serde_json::json!({
-                    "state": LifecycleState::Registered,
-                    "import": true,
-                    "changes": spec_diff(None, Some(&r.spec)),
-                }),
-            })
-            .collect();
-        let refs: Vec<&NewEvent> = events.iter().collect();
-        insert_events(&mut tx, &refs).await?;
-        tx.commit().await?;
-        Ok(())
+        // An import that updates nothing: the same transaction and events.
+        self.import_and_update(rows, &[], actor).await
     }
 
     async fn import_and_update(
