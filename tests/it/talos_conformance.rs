@@ -1006,6 +1006,20 @@ const CASES: &[Case] = &[
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("stripes")],
     },
     Case {
+        name: "OOMConfig trigger comparing a double with an int",
+        talos: "pkg/machinery/config/types/runtime/oom.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: OOMConfig\ntriggerExpression: memory_full_avg10 > 12\n"],
+        verdicts: [Error("kind"), Error("triggerExpression"), Error("triggerExpression"), Error("triggerExpression")],
+    },
+    Case {
+        name: "OOMConfig with expressions in Talos' OOM environments",
+        talos: "pkg/machinery/config/types/runtime/oom.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: OOMConfig\ntriggerExpression: memory_full_avg10 > 50.0 && time_since_trigger > duration(\"10s\")\ncgroupRankingExpression: 'memory_max.hasValue() ? 0.0 : double(memory_current.orValue(0u))'\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
         name: "a wrongly typed field",
         talos: SCHEMA,
         base: Base::ControlPlane,

@@ -29,6 +29,10 @@ pub enum CelEnv {
     Volume,
     /// `celenv.LinkLocator` (Talos 1.12+): link selectors of network documents.
     Link,
+    /// `celenv.OOMTrigger` (Talos 1.12+): `OOMConfig.triggerExpression`.
+    OomTrigger,
+    /// `celenv.OOMCgroupScoring` (Talos 1.12+): `OOMConfig.cgroupRankingExpression`.
+    OomScoring,
 }
 
 impl CelEnv {
@@ -38,6 +42,8 @@ impl CelEnv {
             CelEnv::Disk => "DiskLocator",
             CelEnv::Volume => "VolumeLocator",
             CelEnv::Link => "LinkLocator",
+            CelEnv::OomTrigger => "OOMTrigger",
+            CelEnv::OomScoring => "OOMCgroupScoring",
         }
     }
 }
@@ -59,6 +65,7 @@ enum Ty {
     List(Box<Ty>),
     Map(Box<Ty>, Box<Ty>),
     Msg(&'static str),
+    Optional(Box<Ty>),
 }
 
 impl std::fmt::Display for Ty {
@@ -78,6 +85,7 @@ impl std::fmt::Display for Ty {
             Ty::List(t) => write!(f, "list({t})"),
             Ty::Map(k, v) => write!(f, "map({k}, {v})"),
             Ty::Msg(m) => f.write_str(m),
+            Ty::Optional(t) => write!(f, "optional_type({t})"),
         }
     }
 }
@@ -271,12 +279,44 @@ const SIZE_CONSTANTS: &[&str] = &[
 
 /// Whether `env` exists in Talos `version`.
 pub fn env_exists(env: CelEnv, version: TalosVersion) -> bool {
-    env != CelEnv::Link || version.minor >= 12
+    matches!(env, CelEnv::Disk | CelEnv::Volume) || version.minor >= 12
 }
+
+/// The pressure variables of the OOM trigger environment (all `double`; the `qos_` ones are maps
+/// from a QoS class to `double`).
+const OOM_ROOT: &[&str] = &[
+    "memory_some_avg10",
+    "memory_some_avg60",
+    "memory_some_avg300",
+    "memory_some_total",
+    "memory_full_avg10",
+    "memory_full_avg60",
+    "memory_full_avg300",
+    "memory_full_total",
+];
+
+/// The QoS classes, `int` constants of both OOM environments.
+const QOS_CLASSES: &[&str] = &[
+    "Besteffort",
+    "Burstable",
+    "Guaranteed",
+    "Podruntime",
+    "System",
+];
 
 /// Check that `source` parses and type-checks in Talos' environment `env` of `version` and that
 /// its result is exactly `bool`. The error says what Talos' check would refuse.
 pub fn check_bool(source: &str, env: CelEnv, version: TalosVersion) -> Result<(), String> {
+    check_typed(source, env, version, "bool")
+}
+
+/// Like [`check_bool`], for an expression whose result must be exactly `double` (the OOM cgroup
+/// ranking).
+pub fn check_double(source: &str, env: CelEnv, version: TalosVersion) -> Result<(), String> {
+    check_typed(source, env, version, "double")
+}
+
+fn check_typed(source: &str, env: CelEnv, version: TalosVersion, want: &str) -> Result<(), String> {
     if !env_exists(env, version) {
         return Err(format!(
             "Talos {version} has no {} CEL environment",
@@ -290,7 +330,10 @@ pub fn check_bool(source: &str, env: CelEnv, version: TalosVersion) -> Result<()
             source.len()
         ));
     }
+    // Only the OOM environments declare optional types (`cel.OptionalTypes()`).
+    let optional = matches!(env, CelEnv::OomTrigger | CelEnv::OomScoring);
     let (expr, info) = cel::parser::Parser::new()
+        .enable_optional_syntax(optional)
         .parse_with_source_info(source)
         .map_err(|e| format!("does not parse: {}", one_line(&e.to_string())))?;
     let mut checker = Checker {
@@ -305,8 +348,8 @@ pub fn check_bool(source: &str, env: CelEnv, version: TalosVersion) -> Result<()
             Some((start, _)) => format!("{msg} (at character {})", start + 1),
             None => msg,
         })?;
-    if ty != Ty::Bool {
-        return Err(format!("expression output type is {ty}, expected bool"));
+    if ty.to_string() != want {
+        return Err(format!("expression output type is {ty}, expected {want}"));
     }
     Ok(())
 }
@@ -378,7 +421,33 @@ impl Checker {
             (CelEnv::Disk, "system_disk") => Some(Ty::Bool),
             (CelEnv::Volume, "volume") => Some(Ty::Msg(VOLUME)),
             (CelEnv::Link, "link") => Some(Ty::Msg(LINK)),
-            (CelEnv::Disk | CelEnv::Volume, c) if SIZE_CONSTANTS.contains(&c) => Some(Ty::Uint),
+            (CelEnv::Disk | CelEnv::Volume | CelEnv::OomTrigger | CelEnv::OomScoring, c)
+                if SIZE_CONSTANTS.contains(&c) =>
+            {
+                Some(Ty::Uint)
+            }
+            (CelEnv::OomTrigger | CelEnv::OomScoring, c) if QOS_CLASSES.contains(&c) => {
+                Some(Ty::Int)
+            }
+            (CelEnv::OomTrigger, "time_since_trigger") => Some(Ty::Duration),
+            (CelEnv::OomTrigger, v) => {
+                let plain = v.strip_prefix("d_").unwrap_or(v);
+                if OOM_ROOT.contains(&plain) {
+                    Some(Ty::Double)
+                } else if plain.strip_prefix("qos_").is_some_and(|q| {
+                    OOM_ROOT.contains(&q)
+                        || matches!(q, "memory_current" | "memory_peak" | "memory_max")
+                }) {
+                    Some(Ty::Map(Box::new(Ty::Int), Box::new(Ty::Double)))
+                } else {
+                    None
+                }
+            }
+            (CelEnv::OomScoring, "memory_max" | "memory_current" | "memory_peak") => {
+                Some(Ty::Optional(Box::new(Ty::Uint)))
+            }
+            (CelEnv::OomScoring, "path") => Some(Ty::String),
+            (CelEnv::OomScoring, "class") => Some(Ty::Int),
             // Type names are values of type `type`.
             (
                 _,
@@ -536,6 +605,23 @@ impl Checker {
                 result
             }
             Expr::Call(call) => {
+                let optional_env = matches!(self.env, CelEnv::OomTrigger | CelEnv::OomScoring);
+                if let (true, Some(t)) = (optional_env, &call.target) {
+                    if matches!(&t.expr, Expr::Ident(n) if n == "optional") {
+                        let mut args = Vec::new();
+                        for a in &call.args {
+                            args.push(self.check(a)?);
+                        }
+                        return match (call.func_name.as_str(), args.as_slice()) {
+                            ("of" | "ofNonZeroValue", [a]) => Ok(Ty::Optional(Box::new(a.clone()))),
+                            ("none", []) => Ok(Ty::Optional(Box::new(Ty::Dyn))),
+                            _ => Err((
+                                id,
+                                no_overload(&format!("optional.{}", call.func_name), &args),
+                            )),
+                        };
+                    }
+                }
                 let mut args = Vec::new();
                 if let Some(t) = &call.target {
                     // A qualified function name such as `a.b()` on no receiver value is not
@@ -771,6 +857,33 @@ impl Checker {
                     fail()
                 }
             }
+            // Optional values (the OOM environments declare `cel.OptionalTypes()`).
+            ("hasValue", true, [Ty::Optional(_)]) => Ok(Ty::Bool),
+            ("value", true, [Ty::Optional(t)]) => Ok((**t).clone()),
+            ("orValue", true, [Ty::Optional(t), d]) if assignable(d, t) => Ok((**t).clone()),
+            ("or", true, [Ty::Optional(t), Ty::Optional(u)]) if assignable(u, t) => {
+                Ok(Ty::Optional(t.clone()))
+            }
+            ("_?._", false, [Ty::Dyn | Ty::Msg(_) | Ty::Map(_, _) | Ty::Optional(_), _]) => {
+                Ok(Ty::Optional(Box::new(Ty::Dyn)))
+            }
+            ("_[?_]", false, [c, _]) => match c {
+                Ty::List(t) | Ty::Map(_, t) => Ok(Ty::Optional(t.clone())),
+                Ty::Dyn | Ty::Optional(_) => Ok(Ty::Optional(Box::new(Ty::Dyn))),
+                _ => fail(),
+            },
+            ("multiply_qos_vectors", false, [a, b]) if self.env == CelEnv::OomTrigger => {
+                let map_of_double = |t: &Ty| match t {
+                    Ty::Map(_, v) => assignable(v, &Ty::Double),
+                    Ty::Dyn => true,
+                    _ => false,
+                };
+                if map_of_double(a) && map_of_double(b) {
+                    Ok(Ty::Double)
+                } else {
+                    fail()
+                }
+            }
             // Talos' own functions.
             ("glob", false, [p, s]) if matches!(self.env, CelEnv::Disk | CelEnv::Link) => {
                 if assignable(p, &Ty::String) && assignable(s, &Ty::String) {
@@ -849,7 +962,14 @@ fn is_declared(name: &str, env: CelEnv) -> bool {
         "getSeconds",
         "getMilliseconds",
     ];
+    let optional = matches!(env, CelEnv::OomTrigger | CelEnv::OomScoring);
     STD.contains(&name)
+        || (optional
+            && matches!(
+                name,
+                "hasValue" | "value" | "orValue" | "or" | "_?._" | "_[?_]"
+            ))
+        || (name == "multiply_qos_vectors" && env == CelEnv::OomTrigger)
         || (name == "glob" && matches!(env, CelEnv::Disk | CelEnv::Link))
         || (name == "mac" && env == CelEnv::Link)
 }
@@ -962,6 +1082,24 @@ mod tests {
             let got = check_bool(e, env, V).expect_err(e);
             assert!(got.contains(want), "{e}: {got}");
         }
+    }
+
+    #[test]
+    fn oom_environments() {
+        // Talos' default OOM expressions (pkg/machinery/config/types/runtime/oom.go).
+        let trigger = "multiply_qos_vectors(d_qos_memory_full_total, {Besteffort: 1.0, Burstable: 0.2, Guaranteed: 0.0, Podruntime: 0.0, System: 0.0}) > 3000.0 && memory_full_avg10 > 12.0 && time_since_trigger > duration(\"500ms\")";
+        assert_eq!(check_bool(trigger, CelEnv::OomTrigger, V), Ok(()));
+        let rank = "memory_max.hasValue() ? double(memory_current.orValue(0u)) / double(memory_max.value()) : double(memory_current.orValue(0u)) / 1024.0 / 1024.0";
+        assert_eq!(check_double(rank, CelEnv::OomScoring, V), Ok(()));
+        // Talos' own defaults (DefaultOOMTriggerExpression / DefaultOOMCgroupRankingExpression
+        // in pkg/machinery/constants/constants.go at v1.12.11).
+        let default_trigger = "(multiply_qos_vectors(d_qos_memory_full_total, {System: 8.0, Podruntime: 4.0}) > 3000.0 &&\n multiply_qos_vectors(qos_memory_full_avg10, {System: 1.0, Podruntime: 1.0}) > 5.0 && time_since_trigger > duration(\"5s\")) ||\n (memory_full_avg10 > 75.0 && time_since_trigger > duration(\"10s\"))";
+        assert_eq!(check_bool(default_trigger, CelEnv::OomTrigger, V), Ok(()));
+        let default_rank = "memory_max.hasValue() ? 0.0 :\n {Besteffort: 1.0, Burstable: 0.5, Guaranteed: 0.0, Podruntime: 0.0, System: 0.0}[class] *\n double(memory_current.orValue(0u))";
+        assert_eq!(check_double(default_rank, CelEnv::OomScoring, V), Ok(()));
+        assert!(check_double("memory_current > 5u", CelEnv::OomScoring, V).is_err());
+        assert!(check_bool("memory_full_avg10 > 12", CelEnv::OomTrigger, V).is_err());
+        assert!(check_bool("disk.size > 1u", CelEnv::OomTrigger, V).is_err());
     }
 
     #[test]

@@ -212,25 +212,24 @@ fn extension_service(d: &mut Doc<'_, '_>, _: &Ctx) {
     }
 }
 
-fn oom(d: &mut Doc<'_, '_>, _: &Ctx) {
-    // The trigger and ranking expressions are checked against Talos' OOM environments only as
-    // far as parsing goes (see the module docs of `cel`).
-    for (key, what) in [
-        ("triggerExpression", "OOM trigger expression"),
-        ("cgroupRankingExpression", "OOM cgroup scoring expression"),
-    ] {
-        let src = d.text(key);
-        if !src.is_empty() {
-            if let Err(e) = cel::parser::Parser::new().parse(src) {
-                let first = e.to_string();
-                d.err(
-                    key,
-                    format!(
-                        "{what} is invalid: {}",
-                        first.lines().next().unwrap_or_default()
-                    ),
-                );
-            }
+fn oom(d: &mut Doc<'_, '_>, ctx: &Ctx) {
+    use crate::talos::validate::cel::{check_bool, check_double};
+    let trigger = d.text("triggerExpression");
+    if !trigger.is_empty() {
+        if let Err(e) = check_bool(trigger, CelEnv::OomTrigger, ctx.version) {
+            d.err(
+                "triggerExpression",
+                format!("OOM trigger expression is invalid: {e}"),
+            );
+        }
+    }
+    let rank = d.text("cgroupRankingExpression");
+    if !rank.is_empty() {
+        if let Err(e) = check_double(rank, CelEnv::OomScoring, ctx.version) {
+            d.err(
+                "cgroupRankingExpression",
+                format!("OOM cgroup scoring expression is invalid: {e}"),
+            );
         }
     }
     if negative_duration(d, "sampleInterval") {
