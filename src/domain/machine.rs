@@ -562,6 +562,31 @@ pub fn check_hostname(h: &str) -> Result<String, String> {
 }
 
 impl MachineSpec {
+    /// What the machine table's free-text search matches, lower-cased, one field a line: host
+    /// name, serial, asset tag, manufacturer, model, site, rack, cluster, then every NIC's MAC and
+    /// IPv4 in order. Stored beside the machine (`machines.search_text`) so a search reads one
+    /// column; keep in step with migration 0021's backfill.
+    pub fn search_text(&self) -> String {
+        let mut lines: Vec<String> = [
+            &self.hostname,
+            &self.serial,
+            &self.asset_tag,
+            &self.manufacturer,
+            &self.model,
+            &self.site,
+            &self.rack,
+            &self.cluster,
+        ]
+        .iter()
+        .map(|v| v.as_deref().unwrap_or("").to_lowercase())
+        .collect();
+        for i in &self.interfaces {
+            lines.push(i.mac.to_string());
+            lines.push(i.ipv4.map(|ip| ip.to_string()).unwrap_or_default());
+        }
+        lines.join("\n")
+    }
+
     /// Check and normalise a spec: trims text, lower-cases host names, checks every field and the
     /// rules between them (one boot NIC, no MAC or IP twice, pinned TLS has a fingerprint).
     pub fn validate(mut self) -> Result<MachineSpec, ValidationErrors> {
