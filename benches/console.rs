@@ -63,20 +63,7 @@ async fn run(backend: Backend, n: usize) -> Vec<String> {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("client");
-    let r = client
-        .post(s.url("/console/sign-in"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("token={}", s.viewer))
-        .send()
-        .await
-        .expect("sign in");
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .expect("cookie")
-        .split(';')
-        .next()
-        .expect("pair")
-        .to_string();
+    let cookie = s.console_session(&s.viewer).await;
     let page = |path: String| {
         let (client, cookie, url) = (client.clone(), cookie.clone(), s.url(&path));
         async move {
