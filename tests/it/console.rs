@@ -182,6 +182,16 @@ impl Browser {
         out
     }
 
+    /// The text of the element `css` selects, once it is there.
+    async fn text(&self, css: &str) -> String {
+        self.el(css).await.text().await.expect("text")
+    }
+
+    /// The text of the element `xpath` selects, once it is there.
+    async fn xtext(&self, xpath: &str) -> String {
+        self.xpath(xpath).await.text().await.expect("text")
+    }
+
     /// Wait until the page's heading names the machine's state.
     async fn state_is(&self, state: &str) {
         self.xpath(&format!("//h1/span[contains(., '{state}')]"))
@@ -414,15 +424,7 @@ async fn lab(dir: &std::path::Path) -> (TestServer, String, String) {
         crate::talos_configs::schemas().display()
     );
     let srv = TestServer::start_with(Backend::Sqlite, &extra).await;
-    let secrets = dir.join("secrets.yaml");
-    std::fs::write(
-        &secrets,
-        plinth::talos::secrets::SecretsBundle::generate()
-            .expect("bundle")
-            .to_yaml()
-            .expect("yaml"),
-    )
-    .expect("write");
+    let secrets = crate::talos_configs::write_secrets(dir);
     crate::talos_configs::write_inventory(dir, &secrets, None);
     crate::talos_configs::apply_dir(&srv, &extra, &dir.join("inv")).await;
     let id = api_get(&srv, "/api/v1/machines/node-1").await["id"]
@@ -465,10 +467,10 @@ async fn a_tech_finds_a_machine_in_its_rack_and_watches_it_boot_live() {
         text.contains("rk-web-1") && text.contains("registered"),
         "{text}"
     );
-    let empty = b
-        .el("section.rack[data-rack='r12'] li[data-unit='8']")
-        .await;
-    assert!(empty.text().await.expect("t").contains("empty"));
+    assert!(b
+        .text("section.rack[data-rack='r12'] li[data-unit='8']")
+        .await
+        .contains("empty"));
     b.c()
         .execute(
             "arguments[0].scrollIntoView({block: 'center'});",
@@ -497,8 +499,10 @@ async fn a_tech_finds_a_machine_in_its_rack_and_watches_it_boot_live() {
     // The machine asks for its boot script (a real request to the boot route): the step
     // appears on the page without a reload.
     boot(&srv, "mac=52-54-00-c0-00-07").await;
-    let step = b.el("#timeline li.new[data-kind^='boot.']").await;
-    assert!(step.text().await.expect("t").contains("boot."));
+    assert!(b
+        .text("#timeline li.new[data-kind^='boot.']")
+        .await
+        .contains("boot."));
     b.shot("machine-live-boot").await;
 
     // The machine table finds it (filtered, sorted by the database).
@@ -580,8 +584,7 @@ async fn an_operator_accepts_a_discovered_machine_and_starts_and_cancels_a_reins
     b.open(&srv, &format!("/console/machines/{node_id}")).await;
     b.click("form#reinstall input[name='wipe']").await;
     b.click("form#reinstall button[type=submit]").await;
-    let refusal = b.el("p.error").await;
-    assert!(refusal.text().await.expect("t").contains("type `node-1`"));
+    assert!(b.text("p.error").await.contains("type `node-1`"));
     srv.req(
         Method::GET,
         &format!("/api/v1/machines/{node_id}/reinstall"),
@@ -648,12 +651,9 @@ async fn viewers_see_no_actions_forged_posts_are_refused_and_sign_out_ends_the_s
         .goto(&format!("data:text/html,{}", urlencoding(&forged)))
         .await
         .expect("the attacker's page");
-    let refused = b.el("p.error").await;
     assert!(
-        refused
-            .text()
+        b.text("p.error")
             .await
-            .expect("t")
             .contains("did not come from the console's sign-in form"),
         "login CSRF refused"
     );
@@ -822,37 +822,29 @@ async fn the_overview_says_why_machines_wait_and_what_the_image_cache_holds() {
     let b = Browser::signed_in(&srv, &srv.viewer).await;
     b.open(&srv, "/console").await;
     let failed = b
-        .xpath("//section[@aria-labelledby='h-failed']//tr[td/a[.='broken-1']]")
-        .await
-        .text()
-        .await
-        .expect("t");
+        .xtext("//section[@aria-labelledby='h-failed']//tr[td/a[.='broken-1']]")
+        .await;
     assert!(failed.contains("disk 2 died in inspection"), "{failed}");
     let running = b
-        .xpath("//section[@aria-labelledby='h-reinstalls']//tr[td/a[.='node-1']]")
-        .await
-        .text()
-        .await
-        .expect("t");
+        .xtext("//section[@aria-labelledby='h-reinstalls']//tr[td/a[.='node-1']]")
+        .await;
     assert!(
         running.contains("power") && running.contains("left"),
         "stage and time to its deadline: {running}"
     );
-    let holds = b.el("section[aria-labelledby='h-holds']").await;
-    let text = holds.text().await.expect("t");
+    let text = b.text("section[aria-labelledby='h-holds']").await;
     assert!(
         text.contains("Waiting for acceptance: 1 discovered machine(s)"),
         "{text}"
     );
-    let row = b.xpath("//table[@id='holds']//tr[td/a[.='node-1']]").await;
-    let reason = row.text().await.expect("t");
+    let reason = b.xtext("//table[@id='holds']//tr[td/a[.='node-1']]").await;
     assert!(
         reason.contains("image not cached") && reason.contains(&pull("amd64")),
         "{reason}"
     );
     let cache = |arch: &str| format!("#images tr[data-cluster='lab'][data-arch='{arch}']");
     for arch in ["amd64", "arm64"] {
-        let t = b.el(&cache(arch)).await.text().await.expect("t");
+        let t = b.text(&cache(arch)).await;
         assert!(t.contains("not cached") && t.contains(&pull(arch)), "{t}");
     }
     b.shot("overview-held").await;
@@ -878,16 +870,11 @@ async fn the_overview_says_why_machines_wait_and_what_the_image_cache_holds() {
         .expect("close"));
     crate::talos_configs::boot_script(&srv).await;
     b.open(&srv, "/console").await;
-    let t = b.el(&cache("amd64")).await.text().await.expect("t");
+    let t = b.text(&cache("amd64")).await;
     assert!(t.contains("cached") && !t.contains("not cached"), "{t}");
-    let t = b.el(&cache("arm64")).await.text().await.expect("t");
+    let t = b.text(&cache("arm64")).await;
     assert!(t.contains("not cached"), "{t}");
-    let reason = b
-        .xpath("//table[@id='holds']//tr[td/a[.='node-1']]")
-        .await
-        .text()
-        .await
-        .expect("t");
+    let reason = b.xtext("//table[@id='holds']//tr[td/a[.='node-1']]").await;
     assert!(reason.contains("window closed"), "{reason}");
     b.shot("overview-window-closed").await;
     b.finish().await;
@@ -914,19 +901,11 @@ async fn discovered_machines_show_the_switch_port_their_relayed_dhcp_came_from()
     // asks): its overview counts the lease.
     let srv = TestServer::start_on(
         db,
-        r#"[dhcp]
-enabled = true
-interfaces = ["lo"]
-port = 0
-proxy_port = 0
-boot_url = "http://127.0.0.1:8080"
-[[dhcp.subnet]]
-cidr = "10.86.0.0/24"
-server_ip = "10.85.0.1"
-pool = ["10.86.0.100-10.86.0.200"]
-routers = ["10.86.0.1"]
-relay_agents = ["10.85.0.2"]
-"#,
+        &format!(
+            "[dhcp]\nenabled = true\ninterfaces = [\"lo\"]\nport = 0\nproxy_port = 0\n\
+             boot_url = \"http://127.0.0.1:8080\"\n{}",
+            crate::relay_pinning::RELAYED_SUBNET
+        ),
     )
     .await;
     boot(&srv, "mac=52-54-00-87-00-01&serial=SN-RELAYED").await;
@@ -938,11 +917,8 @@ relay_agents = ["10.85.0.2"]
     let b = Browser::signed_in(&srv, &srv.operator).await;
     b.open(&srv, "/console/discovered").await;
     let port = b
-        .el(&format!("article[data-machine='{id}'] dd.switch-port"))
-        .await
-        .text()
-        .await
-        .expect("t");
+        .text(&format!("article[data-machine='{id}'] dd.switch-port"))
+        .await;
     for want in [
         "Gi1/0/12",
         &hex::encode(b"Gi1/0/12"),
@@ -955,16 +931,13 @@ relay_agents = ["10.85.0.2"]
     b.shot("discovered-switch-port").await;
     // The machine's page says it too.
     b.open(&srv, &format!("/console/machines/{id}")).await;
-    let t = b.el("p.switch-port").await.text().await.expect("t");
+    let t = b.text("p.switch-port").await;
     assert!(t.contains("Gi1/0/12") && t.contains("leaf-1"), "{t}");
     // The overview: the subnet's pool has one address in use.
     b.open(&srv, "/console").await;
     let pool = b
-        .xpath("//section[@aria-labelledby='h-pools']//tr[td[.='10.86.0.0/24']]")
-        .await
-        .text()
-        .await
-        .expect("t");
+        .xtext("//section[@aria-labelledby='h-pools']//tr[td[.='10.86.0.0/24']]")
+        .await;
     assert!(pool.contains("1 (0 %)") && pool.contains("101"), "{pool}");
     b.finish().await;
     srv.finish().await;
@@ -1227,6 +1200,64 @@ async fn sessions_follow_their_token(backend: Backend) {
 }
 
 both_backends!(sessions_follow_their_token);
+
+/// Behind an https public URL, the session cookie, the sign-in form's cookie and the cookie that
+/// clears it at sign-out are all `Secure`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookies_are_secure_behind_an_https_public_url() {
+    let srv = TestServer::start_with(
+        Backend::Sqlite,
+        "[boot]\npublic_url = \"https://plinth.example.test\"\n",
+    )
+    .await;
+    let secure = |r: &Answer, name: &str| {
+        let all: Vec<&str> = r
+            .headers
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .filter(|c| c.starts_with(&format!("{name}=")))
+            .collect();
+        assert!(
+            !all.is_empty() && all.iter().all(|c| c.contains("; Secure")),
+            "{name}: {all:?}"
+        );
+    };
+    let form = no_redirects()
+        .get(srv.url("/console/sign-in"))
+        .answer()
+        .await
+        .expect_status(StatusCode::OK);
+    secure(&form, "plinth_sign_in");
+    let signed = no_redirects()
+        .post(srv.url("/console/sign-in"))
+        .header(
+            "cookie",
+            support::set_cookie(&form, "plinth_sign_in").expect("cookie"),
+        )
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "token={}&csrf={}",
+            srv.viewer,
+            support::form_field(&form.text, "csrf")
+        ))
+        .answer()
+        .await
+        .expect_status(StatusCode::SEE_OTHER);
+    secure(&signed, "plinth_session");
+    secure(&signed, "plinth_sign_in");
+    let cookie = support::set_cookie(&signed, "plinth_session").expect("session");
+    let csrf = support::form_field(&page(&srv, &cookie, "/console").await.text, "csrf");
+    let out = form_post(
+        &srv,
+        Some(&cookie),
+        "/console/sign-out",
+        &format!("csrf={csrf}"),
+    )
+    .await;
+    secure(&out, "plinth_session");
+    srv.finish().await;
+}
 
 /// The console's live event stream, opened with the session cookie.
 async fn open_stream(srv: &TestServer, cookie: &str) -> reqwest::Response {

@@ -59,6 +59,16 @@ async fn events_of_kind(url: &str, kind: &str) -> Vec<String> {
         .expect("events")
 }
 
+/// The relayed subnet of a [`RelayLab`], as `[dhcp]` configuration: 10.86.0.0/24 behind the relay
+/// agent 10.85.0.2.
+pub(crate) const RELAYED_SUBNET: &str = r#"[[dhcp.subnet]]
+cidr = "10.86.0.0/24"
+server_ip = "10.85.0.1"
+pool = ["10.86.0.100-10.86.0.200"]
+routers = ["10.86.0.1"]
+relay_agents = ["10.85.0.2"]
+"#;
+
 /// Plinth serving DHCP in a namespace (10.85.0.1) and a relay agent in another (10.85.0.2, a
 /// configured relay agent) relaying for 10.86.0.0/24 with `giaddr` 10.86.0.1; all of it ends
 /// with the value (agent, then Plinth and the namespaces).
@@ -99,18 +109,10 @@ pub(crate) fn relay_lab(tag: &str, dir: &Path, db_url: &str) -> RelayLab {
         &srv,
         dir,
         db_url,
-        r#"boot_url = "http://10.85.0.1:8080"
-[[dhcp.subnet]]
-cidr = "10.85.0.0/24"
-server_ip = "10.85.0.1"
-pool = ["10.85.0.100-10.85.0.200"]
-[[dhcp.subnet]]
-cidr = "10.86.0.0/24"
-server_ip = "10.85.0.1"
-pool = ["10.86.0.100-10.86.0.200"]
-routers = ["10.86.0.1"]
-relay_agents = ["10.85.0.2"]
-"#,
+        &format!(
+            "boot_url = \"http://10.85.0.1:8080\"\n[[dhcp.subnet]]\ncidr = \"10.85.0.0/24\"\n\
+             server_ip = \"10.85.0.1\"\npool = [\"10.85.0.100-10.85.0.200\"]\n{RELAYED_SUBNET}"
+        ),
     );
     let agent = Agent::start(&lan, &relay, 67);
     RelayLab { agent, plinth, lan }

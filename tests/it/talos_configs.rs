@@ -361,6 +361,20 @@ pub(crate) async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
 pub(crate) const UUID: &str = "5b6c2a1e-8f3d-4c2b-9a7e-0d1f2e3c4b5a";
 pub(crate) const MAC: &str = "52:54:00:aa:bb:01";
 
+/// A fresh Talos secrets bundle written to `dir/secrets.yaml`: its path.
+pub(crate) fn write_secrets(dir: &Path) -> PathBuf {
+    let secrets = dir.join("secrets.yaml");
+    std::fs::write(
+        &secrets,
+        plinth::talos::secrets::SecretsBundle::generate()
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml"),
+    )
+    .expect("write secrets");
+    secrets
+}
+
 pub(crate) fn write_inventory(dir: &Path, secrets: &Path, reserved: Option<&str>) {
     let inv = dir.join("inv");
     std::fs::create_dir_all(&inv).expect("mkdir");
