@@ -627,6 +627,54 @@ async fn an_operator_accepts_a_discovered_machine_and_starts_and_cancels_a_reins
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_powers_a_machine_and_sets_a_one_time_boot_through_its_bmc() {
+    // A real Redfish peer: sushy-emulator --fake, basic auth, plain HTTP on loopback.
+    let emu = crate::support::bmc_peers::sushy_emulator(crate::support::bmc_peers::EmulatorSetup {
+        auth: Some(("admin".into(), "emu-Console-Pa55".into())),
+        tls: false,
+    });
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let id = register(
+        &srv,
+        json!({"hostname": "bmc-1", "bmc": {"url": emu.peer.url(), "username": "admin",
+               "password": "emu-Console-Pa55", "tls": "insecure-http"}}),
+    )
+    .await;
+    let b = Browser::signed_in(&srv, &srv.operator).await;
+    let machine = format!("/console/machines/{id}");
+    b.open(&srv, &machine).await;
+    // The power state is asked after the page loads.
+    b.xpath("//span[@id='power'][.='off']").await;
+    // The capabilities the background probe found (reloaded until it has run, a bounded wait).
+    let mut probed = false;
+    for _ in 0..60 {
+        if b.text("#h-bmc + dl").await.contains("ForceOff") {
+            probed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        b.open(&srv, &machine).await;
+    }
+    assert!(probed, "the BMC's reset types are shown");
+
+    // Power on from the page: back on the page, the BMC says on, the event names the token.
+    b.press("On").await;
+    b.xpath("//span[@id='power'][.='on']").await;
+    let e = last_event(&srv, &id, "bmc.power").await;
+    assert_eq!(e["actor"], "token:test-operator", "{e}");
+    b.shot("bmc-power-on").await;
+    // A one-time boot from the network.
+    b.el("#boot-target").await;
+    b.click("#boot-target option[value='pxe']").await;
+    b.press("Set").await;
+    b.el("#h-bmc").await;
+    let e = last_event(&srv, &id, "bmc.boot_once").await;
+    assert_eq!(e["actor"], "token:test-operator", "{e}");
+    b.finish().await;
+    srv.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn viewers_see_no_actions_forged_posts_are_refused_and_sign_out_ends_the_session() {
     let srv = TestServer::start(Backend::Sqlite).await;
     let id = register(
