@@ -35,8 +35,8 @@ pub use health::StoreHealth;
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
-    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate,
-    PasswordChange,
+    ImportBatch, ImportBatches, MachineFilter, MachinePage, MachineRecord, MachineSort,
+    MachineStore, MachineUpdate, PasswordChange,
 };
 pub use reinstalls::{Reinstall, ReinstallPolicy, ReinstallStore, Stage};
 pub use tokens::{ApiRole, NewSession, NewToken, TokenInfo, TokenStore};
