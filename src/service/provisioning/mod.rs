@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
 pub use identity::{BootIdentity, DiscoveryLimits, Identities};
-pub use images::{ImageRefusal, ImageRequest};
+pub use images::{pull_command, ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 
 use self::dhcp::{DhcpRequest, DhcpService, Outcome, ReplyKind};
