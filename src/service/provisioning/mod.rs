@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
 pub use identity::{BootIdentity, DiscoveryLimits, Identities};
-pub use images::{ImageRefusal, ImageRequest};
+pub use images::{pull_command, ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 pub use waiting::{ArchImage, ClusterImage, Held, Holds};
 
