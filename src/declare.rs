@@ -336,6 +336,8 @@ impl Loader {
             Ok(()) => {}
             Err(e) => self.errors.push(format!("{origin}: endpoint: {e}")),
         }
+        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments.
+        let mut schematic_kernel_args = Vec::new();
         let schematic_id = match (&d.schematic, &d.schematic_id) {
             (Some(_), Some(_)) => {
                 self.errors.push(format!(
@@ -345,8 +347,14 @@ impl Loader {
             }
             (Some(s), None) => {
                 let text = serde_yaml_ng::to_string(s).unwrap_or_default();
-                match Schematic::parse(&text).and_then(|s| s.id()) {
-                    Ok(id) => id.as_str().to_string(),
+                match Schematic::parse(&text).and_then(|s| {
+                    let id = s.id()?;
+                    Ok((id, s.customization.extra_kernel_args))
+                }) {
+                    Ok((id, args)) => {
+                        schematic_kernel_args = args;
+                        id.as_str().to_string()
+                    }
                     Err(e) => {
                         self.errors.push(format!("{origin}: schematic: {e}"));
                         return;
@@ -412,6 +420,7 @@ impl Loader {
                 talos_version: d.talos_version,
                 kubernetes_version: d.kubernetes_version,
                 schematic_id,
+                schematic_kernel_args,
                 factory_host: d
                     .factory
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),
