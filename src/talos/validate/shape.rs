@@ -27,9 +27,12 @@ pub enum Place {
     Unknown,
 }
 
-/// Every document kind's shape, per embedded schema: (minor, (apiVersion, kind) -> shape).
-fn kind_trees() -> &'static [(u32, HashMap<(String, String), FieldTree>)] {
-    static TREES: OnceLock<Vec<(u32, HashMap<(String, String), FieldTree>)>> = OnceLock::new();
+/// Each document kind's shape in one schema: (apiVersion, kind) -> shape.
+type KindTrees = HashMap<(String, String), FieldTree>;
+
+/// Every document kind's shape, per embedded schema: (minor, shapes).
+fn kind_trees() -> &'static [(u32, KindTrees)] {
+    static TREES: OnceLock<Vec<(u32, KindTrees)>> = OnceLock::new();
     TREES.get_or_init(|| {
         EMBEDDED_SCHEMAS
             .iter()
