@@ -431,6 +431,8 @@ impl Loader {
         if let Err(e) = url_host(&d.endpoint) {
             self.error(loc, "endpoint", e);
         }
+        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments.
+        let mut schematic_kernel_args = Vec::new();
         let schematic_id = match (&d.schematic, &d.schematic_id) {
             (Some(_), Some(_)) => {
                 self.error(
@@ -442,8 +444,14 @@ impl Loader {
             }
             (Some(s), None) => {
                 let text = serde_yaml_ng::to_string(s).unwrap_or_default();
-                match Schematic::parse(&text).and_then(|s| s.id()) {
-                    Ok(id) => id.as_str().to_string(),
+                match Schematic::parse(&text).and_then(|s| {
+                    let id = s.id()?;
+                    Ok((id, s.customization.extra_kernel_args))
+                }) {
+                    Ok((id, args)) => {
+                        schematic_kernel_args = args;
+                        id.as_str().to_string()
+                    }
                     Err(e) => {
                         self.error(loc, "schematic", e);
                         return;
@@ -515,6 +523,7 @@ impl Loader {
                 talos_version: d.talos_version,
                 kubernetes_version: d.kubernetes_version,
                 schematic_id,
+                schematic_kernel_args,
                 factory_host: d
                     .factory
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),

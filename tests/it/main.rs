@@ -39,6 +39,7 @@ mod relay_pinning;
 mod secrets_at_rest;
 mod store_battery;
 mod store_faults;
+mod talos_1_14;
 mod talos_api;
 mod talos_cli;
 mod talos_configs;

@@ -1229,6 +1229,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             talos_version: version.into(),
             kubernetes_version: None,
             schematic_id: "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba".into(),
+            schematic_kernel_args: vec!["net.ifnames=0".into()],
             factory_host: "factory.talos.dev".into(),
             install_image: None,
             patches: vec![PatchSource {

@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use serde_yaml_ng::Value;
 
 mod rules;
+pub mod shape;
 
 pub use rules::V1ALPHA1_RULES;
 
