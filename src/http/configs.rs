@@ -185,7 +185,7 @@ pub async fn approve(
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
     s.configs.approve(m.id, &req.code, &caller.actor()).await?;
-    tracing::info!(machine = %m.id, actor = %caller.actor(), "config release approved");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), "config release approved");
     Ok(StatusCode::NO_CONTENT)
 }
 

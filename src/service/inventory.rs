@@ -429,7 +429,7 @@ impl Inventory {
         {
             Ok(machine) => {
                 if let Some(moved) = &moved {
-                    tracing::info!(machine = %id, from = %moved.from, to = %moved.to, actor,
+                    tracing::info!(machine = %id, name = %machine.display_name(), from = %moved.from, to = %moved.to, actor,
                         "BMC origin changed; its stored password was discarded");
                 }
                 Ok(Edited { machine, notices })
@@ -665,7 +665,7 @@ impl Inventory {
                 return Ok(());
             }
             let Ok(plain) = self.secrets.open(&legacy_password_context(id), &sealed) else {
-                tracing::warn!(machine = %id, "stored BMC password opens neither for its origin nor as a legacy value; left as it is");
+                tracing::warn!(machine = %id, name = %m.display_name(), "stored BMC password opens neither for its origin nor as a legacy value; left as it is");
                 done.unreadable += 1;
                 return Ok(());
             };

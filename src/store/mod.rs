@@ -28,7 +28,7 @@ pub use sqlite::SqliteStore;
 pub use crate::domain::database::{redact_url, Dialect};
 use crate::service::ports::{StoreError, Stores};
 
-/// Rows per multi-row INSERT: 18 columns x 500 stays under SQLite's and PostgreSQL's bind limits.
+/// Rows per multi-row INSERT: 19 columns x 500 stays under SQLite's and PostgreSQL's bind limits.
 const CHUNK: usize = 500;
 
 /// Escape `%`, `_` and `\` for a `LIKE ... ESCAPE '\'` pattern.

@@ -1,5 +1,6 @@
 //! One store battery, run against SQLite and PostgreSQL through the ports (`service::ports`):
-//! machines (CRUD, version conflicts, uniqueness conflicts, filters and pages, BMC passwords),
+//! machines (CRUD, version conflicts, uniqueness conflicts, filters and pages, BMC passwords, the
+//! search column's backfill by migration 0021),
 //! events (order, filters), API tokens, DHCP leases (claims, the conditional upsert, expiry, the
 //! group commit, SQLite's writer turns), BMC capability records, config objects, served configs
 //! and provisioning windows, reinstalls, and the health ping. Each case opens a fresh database.
@@ -1995,7 +1996,123 @@ async fn concurrent_claims_are_batched_and_exclusive(b: Backend) {
     db.drop_db().await;
 }
 
+/// Run `$body` with `$conn`, a fresh pool on `$db` of either dialect (created when missing),
+/// closed after.
+macro_rules! on_db {
+    ($b:expr, $db:expr, |$conn:ident| $body:block) => {
+        match $b {
+            Backend::Sqlite => {
+                let opts: sqlx::sqlite::SqliteConnectOptions = $db.url.parse().expect("sqlite url");
+                let $conn = sqlx::SqlitePool::connect_with(opts.create_if_missing(true))
+                    .await
+                    .expect("sqlite");
+                $body;
+                $conn.close().await;
+            }
+            Backend::Postgres => {
+                let $conn = sqlx::PgPool::connect(&$db.url).await.expect("postgres");
+                $body;
+                $conn.close().await;
+            }
+        }
+    };
+}
+
+/// Migration 0021 fills `machines.search_text` of the machines written before it exactly as the
+/// store writes it (`MachineSpec::search_text`): a database migrated up to 0020 with a machine in
+/// it (two NICs, mixed case), then opened by the store, which runs 0021; the search finds the
+/// machine by a field and by its second NIC's MAC.
+async fn machine_search_text_backfill(b: Backend) {
+    let db = TestDb::new(b).await;
+    let dialect = match b {
+        Backend::Sqlite => "sqlite",
+        Backend::Postgres => "postgres",
+    };
+    let all = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("migrations")
+        .join(dialect);
+    let before = db.dir.path().join("migrations-before-0021");
+    std::fs::create_dir_all(&before).expect("mkdir");
+    for e in std::fs::read_dir(&all).expect("migrations") {
+        let e = e.expect("entry");
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.as_str() < "0021" {
+            std::fs::copy(e.path(), before.join(&name)).expect("copy");
+        }
+    }
+    let id = uuid::Uuid::new_v4();
+    let at = now();
+    on_db!(b, db, |conn| {
+        sqlx::migrate::Migrator::new(before.as_path())
+            .await
+            .expect("migrations")
+            .run(&conn)
+            .await
+            .expect("migrate to 0020");
+        sqlx::query(
+            "INSERT INTO machines (id, hostname, serial, manufacturer, model, site, rack, cluster, \
+             state, created_at, updated_at) VALUES ($1, 'old-1', 'SN-Old-7', 'Dell Inc.', \
+             'PowerEdge R650', 'AMS1', 'R7', 'lab', 'registered', $2, $2)",
+        )
+        .bind(id)
+        .bind(at)
+        .execute(&conn)
+        .await
+        .expect("machine");
+        for (pos, mac, ip, boot) in [
+            (1, "52:54:00:21:00:01", None, false),
+            (0, "52:54:00:21:00:02", Some("10.0.0.21"), true),
+        ] {
+            sqlx::query(
+                "INSERT INTO interfaces (machine_id, position, mac, ipv4, boot) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(id)
+            .bind(pos)
+            .bind(mac)
+            .bind(ip)
+            .bind(boot)
+            .execute(&conn)
+            .await
+            .expect("nic");
+        }
+    });
+    let st = db.stores().await;
+    let m = st
+        .machines
+        .get_machine(MachineId(id))
+        .await
+        .expect("get")
+        .expect("the machine");
+    let stored: String;
+    on_db!(b, db, |conn| {
+        stored = sqlx::query_scalar("SELECT search_text FROM machines WHERE id = $1")
+            .bind(id)
+            .fetch_one(&conn)
+            .await
+            .expect("search_text");
+    });
+    assert_eq!(stored, m.spec().search_text());
+    assert!(
+        stored.starts_with("old-1\nsn-old-7\n\ndell inc.\npoweredge r650\nams1\nr7\nlab\n52:54:00:21:00:02\n10.0.0.21\n"),
+        "{stored:?}"
+    );
+    for q in ["52:54:00:21:00:01", "POWEREDGE", "10.0.0.21"] {
+        let page = st
+            .machines
+            .list_machines(&MachineFilter {
+                q: Some(q.into()),
+                limit: 10,
+                ..Default::default()
+            })
+            .await
+            .expect("search");
+        assert_eq!(page.total, 1, "{q}");
+    }
+    db.drop_db().await;
+}
+
 both_backends!(
+    machine_search_text_backfill,
     machines_crud,
     machines_version_conflicts,
     machines_uniqueness_conflicts,

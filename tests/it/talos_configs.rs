@@ -326,10 +326,13 @@ fn example_inventory_applies_renders_and_diffs() {
     std::fs::write(&prof, ptext.replace(", \"<= 1TB\"", "")).expect("write");
     let (ok, _, err) = cli.run(&["apply", inv_s]);
     assert!(!ok, "a rule matching data disks is refused");
+    // Named where the rule is written (the profile's installDisk), with the machine it stops.
     assert!(
-        err.contains(
-            "Machine cp-1: install disk: the install-disk rules match data disk(s) disks[1]"
-        ) && err.contains("candidates:"),
+        err.lines()
+            .any(|l| l.starts_with("error: profiles/dell-r650.yaml:")
+                && l.contains(": installDisk: the install-disk rules match data disk(s) disks[1]")
+                && l.contains("candidates:")
+                && l.contains("cp-1")),
         "{err}"
     );
     assert!(err.contains("nothing was applied"), "{err}");
@@ -360,6 +363,20 @@ pub(crate) async fn apply_dir(srv: &TestServer, extra: &str, dir: &Path) {
 
 pub(crate) const UUID: &str = "5b6c2a1e-8f3d-4c2b-9a7e-0d1f2e3c4b5a";
 pub(crate) const MAC: &str = "52:54:00:aa:bb:01";
+
+/// A fresh Talos secrets bundle written to `dir/secrets.yaml`: its path.
+pub(crate) fn write_secrets(dir: &Path) -> PathBuf {
+    let secrets = dir.join("secrets.yaml");
+    std::fs::write(
+        &secrets,
+        plinth::talos::secrets::SecretsBundle::generate()
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml"),
+    )
+    .expect("write secrets");
+    secrets
+}
 
 pub(crate) fn write_inventory(dir: &Path, secrets: &Path, reserved: Option<&str>) {
     let inv = dir.join("inv");

@@ -43,6 +43,7 @@ pub async fn page(
         None => None,
     };
     let reinstall = s.workflows.status(m.id).await?;
+    let port = s.configs.switch_port(&m).await?;
     let operator = who.can(ApiRole::Operator);
     let name = m.display_name();
     let body = html! {
@@ -95,6 +96,8 @@ pub async fn page(
                         @if i.boot { " · boot interface" } }
                 }
             }
+            p.switch-port { "Switch port (DHCP option 82): "
+                @match &port { Some(p) => { (layout::switch_port(p)) } None => { "– (its DHCP did not come through a relay)" } } }
         }
         section aria-labelledby="h-disks" {
             h2 #h-disks { "Disks" }

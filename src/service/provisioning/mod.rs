@@ -9,7 +9,8 @@
 //! - the boot plan (`plan`): install, local disk, discovery or hold with its reason, the install
 //!   ticket (the boot's config token) and the iPXE script that carries it out;
 //! - the Talos image each plan needs and its pull policy (`images`);
-//! - the boot timeline (`timeline`): every step, attributed to its machine.
+//! - the boot timeline (`timeline`): every step, attributed to its machine;
+//! - why machines wait (`waiting`): held boots with their reason, the image cache per cluster.
 //!
 //! Imports `domain`, the ports and the other use cases of `service`; never a front door, a store
 //! or a concrete client (`app` wires those in).
@@ -20,14 +21,16 @@ mod identity;
 mod images;
 mod plan;
 pub mod timeline;
+mod waiting;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
 pub use identity::{BootIdentity, DiscoveryLimits, Identities};
-pub use images::{ImageRefusal, ImageRequest};
+pub use images::{pull_command, ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
+pub use waiting::{ArchImage, ClusterImage, Held, Holds};
 
 use self::dhcp::{DhcpRequest, DhcpService, Outcome, ReplyKind};
 use self::timeline::{Step, Timeline};

@@ -532,6 +532,9 @@ impl StoreHealth for BrokenStore {
     async fn holds_sealed_values(&self) -> Result<bool, StoreError> {
         self.port(Port::Health)?.health.holds_sealed_values().await
     }
+    async fn migration_gap(&self) -> Result<plinth::service::ports::MigrationGap, StoreError> {
+        self.port(Port::Health)?.health.migration_gap().await
+    }
 }
 
 #[async_trait]
