@@ -82,6 +82,11 @@ impl Timeline {
         self.dropped.get()
     }
 
+    /// Steps over their machine's budget (counted into its next event instead of written).
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed.get()
+    }
+
     /// Export the dropped steps as `plinth_timeline_dropped_total`.
     pub fn register(&self, metrics: &crate::metrics::Metrics) {
         metrics.register(
