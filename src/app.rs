@@ -130,6 +130,21 @@ pub fn bmc_service(
     )
 }
 
+/// A BMC connector for `plinth doctor`: one try per request, `timeout` to connect and to answer,
+/// so that an unreachable BMC costs seconds, not the minutes a power action may wait.
+pub fn bmc_connector_for_checks(
+    timeout: std::time::Duration,
+) -> Arc<dyn crate::service::BmcConnector> {
+    Arc::new(crate::bmc::RedfishConnector {
+        options: crate::bmc::BmcOptions {
+            request_timeout: timeout,
+            connect_timeout: timeout,
+            max_retries: 0,
+            ..Default::default()
+        },
+    })
+}
+
 /// The cluster use cases (the Talos API) over their ports of `stores` and a Talos API client.
 pub fn clusters(
     configs: &ConfigService,

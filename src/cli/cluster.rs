@@ -43,6 +43,10 @@ pub enum ClusterCommand {
         /// mode 0700).
         #[arg(long)]
         out: PathBuf,
+        /// The cluster's Talos release: the bundle is the one `talosctl gen secrets
+        /// --talos-version` of it writes (default: the newest final release Plinth supports).
+        #[arg(long)]
+        talos_version: Option<crate::talos::TalosVersion>,
     },
     /// Bootstrap the cluster's etcd on one control plane, exactly once (admins; refused, naming
     /// when and where, once the cluster was bootstrapped).
@@ -91,6 +95,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             name,
             endpoint,
             out,
+            talos_version,
         } => {
             crate::domain::machine::check_hostname(&name)
                 .map_err(|e| anyhow::anyhow!("cluster name: {e}"))?;
@@ -100,7 +105,9 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
             if rest.split('/').next().is_none_or(str::is_empty) {
                 bail!("--endpoint: `{endpoint}` has no host");
             }
-            let bundle = crate::talos::secrets::SecretsBundle::generate()?;
+            let bundle = crate::talos::secrets::SecretsBundle::generate_for(
+                talos_version.unwrap_or(crate::talos::secrets::DEFAULT_CONTRACT),
+            )?;
             let yaml = bundle.to_yaml()?;
             let mut opts = std::fs::OpenOptions::new();
             opts.write(true).create_new(true);

@@ -428,11 +428,20 @@ impl Machine {
         }
     }
 
-    /// A short human name: the hostname, else the serial, else the id.
+    /// A short human name, as events and logs name machines: the host name, else the serial,
+    /// else the boot (or first) MAC address, else the SMBIOS UUID, else the id.
     pub fn display_name(&self) -> String {
+        let mac = self
+            .interfaces
+            .iter()
+            .find(|i| i.boot)
+            .or_else(|| self.interfaces.first())
+            .map(|i| i.mac.to_string());
         self.hostname
             .clone()
             .or_else(|| self.serial.clone())
+            .or(mac)
+            .or_else(|| self.smbios_uuid.map(|u| u.to_string()))
             .unwrap_or_else(|| self.id.to_string())
     }
 }

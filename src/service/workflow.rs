@@ -379,7 +379,7 @@ impl Workflows {
         } else {
             "this machine has no BMC: power-cycle it now and let it boot from the network".into()
         };
-        tracing::info!(machine = %id, actor, automatic, attempt, "reinstall started");
+        tracing::info!(machine = %id, name = %m.display_name(), actor, automatic, attempt, "reinstall started");
         Ok(Started {
             reinstall: r,
             next,
@@ -446,7 +446,7 @@ impl Workflows {
             }
         }
         let m = self.inventory.get(id).await?;
-        tracing::info!(machine = %id, actor, stage = stage.map(Stage::as_str), "reinstall cancelled");
+        tracing::info!(machine = %id, name = %m.display_name(), actor, stage = stage.map(Stage::as_str), "reinstall cancelled");
         Ok(Cancelled {
             state: m.state,
             stage,
@@ -511,6 +511,14 @@ impl Workflows {
         self.inventory.delete(id, Some(now.version), actor).await
     }
 
+    /// A machine's name for a log line (its id when it cannot be read).
+    async fn name_of(&self, id: MachineId) -> String {
+        match self.inventory.get(id).await {
+            Ok(m) => m.display_name(),
+            Err(_) => id.to_string(),
+        }
+    }
+
     /// A machine's current or last reinstall.
     pub async fn status(&self, id: MachineId) -> Result<Option<Reinstall>, ServiceError> {
         Ok(self.reinstalls.reinstall(id).await?)
@@ -521,7 +529,8 @@ impl Workflows {
     pub async fn tick(&self) -> Result<(), ServiceError> {
         for r in self.reinstalls.active_reinstalls().await? {
             if let Err(e) = self.step(r.clone()).await {
-                tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %e, "reinstall step failed");
+                let name = self.name_of(r.machine_id).await;
+                tracing::warn!(machine = %r.machine_id, %name, stage = r.stage.as_str(), error = %e, "reinstall step failed");
             }
         }
         if let Err(e) = self.clusters.bootstrap_pending().await {
@@ -631,7 +640,8 @@ impl Workflows {
             .await?
             .is_some()
         {
-            tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %why, "reinstall failed");
+            let name = self.name_of(r.machine_id).await;
+            tracing::warn!(machine = %r.machine_id, %name, stage = r.stage.as_str(), error = %why, "reinstall failed");
         }
         Ok(())
     }

@@ -56,6 +56,11 @@ type Db = sqlx::Postgres;
 type Row = sqlx::postgres::PgRow;
 /// A connection of `Db`.
 type Connection = sqlx::PgConnection;
+/// The migrations of this dialect, embedded in the binary.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+/// Whether sqlx's table of applied migrations exists (a count, 0 or 1).
+const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = '_sqlx_migrations' AND table_schema = current_schema()";
 /// A transaction of `Db`.
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
@@ -90,7 +95,7 @@ impl PgStore {
             .connect_with(connect.clone())
             .await?;
         if opts.migrate {
-            sqlx::migrate!("migrations/postgres")
+            MIGRATOR
                 .run(&pool)
                 .await
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;

@@ -58,6 +58,11 @@ type Db = sqlx::Sqlite;
 type Row = sqlx::sqlite::SqliteRow;
 /// A connection of `Db`.
 type Connection = sqlx::SqliteConnection;
+/// The migrations of this dialect, embedded in the binary.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+/// Whether sqlx's table of applied migrations exists (a count, 0 or 1).
+const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'";
 /// A transaction of `Db`.
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
@@ -153,7 +158,7 @@ impl SqliteStore {
             .connect_with(connect.clone())
             .await?;
         if opts.migrate {
-            sqlx::migrate!("migrations/sqlite")
+            MIGRATOR
                 .run(&write)
                 .await
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;

@@ -257,10 +257,13 @@ impl<'a> Secrets<'a> {
         need("cluster.id", &bundle.cluster.id);
         need("cluster.secret", &bundle.cluster.secret);
         need("secrets.bootstraptoken", &bundle.secrets.bootstraptoken);
-        need(
-            "secrets.secretboxencryptionsecret",
-            &bundle.secrets.secretboxencryptionsecret,
-        );
+        // Either key: secretbox since Talos 1.3, AES-CBC in older bundles.
+        let encryption = if bundle.secrets.aescbcencryptionsecret.trim().is_empty() {
+            &bundle.secrets.secretboxencryptionsecret
+        } else {
+            &bundle.secrets.aescbcencryptionsecret
+        };
+        need("secrets.secretboxencryptionsecret", encryption);
         need("trustdinfo.token", &bundle.trustdinfo.token);
         let c = &bundle.certs;
         let crt = |ck: &'a super::secrets::CertAndKey| ck.crt.as_deref().unwrap_or("");
@@ -439,11 +442,20 @@ fn cluster_section(
         put(&mut c, "discovery", discovery);
         return Value::Mapping(c);
     }
-    put(
-        &mut c,
-        "secretboxEncryptionSecret",
-        b.secrets.secretboxencryptionsecret.as_str(),
-    );
+    // Whichever key the bundle holds, as Talos' generator copies both (an empty one is omitted).
+    if !b.secrets.secretboxencryptionsecret.is_empty() {
+        put(
+            &mut c,
+            "secretboxEncryptionSecret",
+            b.secrets.secretboxencryptionsecret.as_str(),
+        );
+    } else {
+        put(
+            &mut c,
+            "aescbcEncryptionSecret",
+            b.secrets.aescbcencryptionsecret.as_str(),
+        );
+    }
     put(&mut c, "ca", cert_and_key(s.k8s_crt, &b.certs.k8s.key));
     put(
         &mut c,
@@ -957,10 +969,11 @@ mod tests {
             },
             secrets: crate::talos::secrets::ClusterSecrets {
                 bootstraptoken: s("cluster.token"),
-                // The fixture predates secretbox (Talos <= 1.2 used aescbc); the bundle type
-                // holds only the secretbox key.
+                // The fixture predates secretbox (Talos <= 1.2 used aescbc); this bundle is one
+                // `talosctl gen secrets` of a later release would write.
                 secretboxencryptionsecret: "c2VjcmV0Ym94LWtleS1mb3ItdGhlLWZpeHR1cmUtdGVzdA=="
                     .into(),
+                aescbcencryptionsecret: String::new(),
             },
             trustdinfo: crate::talos::secrets::TrustdInfo {
                 token: s("machine.token"),

@@ -326,10 +326,13 @@ fn example_inventory_applies_renders_and_diffs() {
     std::fs::write(&prof, ptext.replace(", \"<= 1TB\"", "")).expect("write");
     let (ok, _, err) = cli.run(&["apply", inv_s]);
     assert!(!ok, "a rule matching data disks is refused");
+    // Named where the rule is written (the profile's installDisk), with the machine it stops.
     assert!(
-        err.contains(
-            "Machine cp-1: install disk: the install-disk rules match data disk(s) disks[1]"
-        ) && err.contains("candidates:"),
+        err.lines()
+            .any(|l| l.starts_with("error: profiles/dell-r650.yaml:")
+                && l.contains(": installDisk: the install-disk rules match data disk(s) disks[1]")
+                && l.contains("candidates:")
+                && l.contains("cp-1")),
         "{err}"
     );
     assert!(err.contains("nothing was applied"), "{err}");

@@ -555,7 +555,7 @@ pub fn event_item(e: &Event) -> Markup {
             time datetime=(e.at.to_rfc3339()) { (when(e.at)) }
             " " code.kind { (e.kind) }
             " " span.actor { (e.actor) }
-            @if let Some(m) = e.machine_id { " " a href={ "/console/machines/" (m) } { "machine " (m.to_string().get(..8).unwrap_or("")) } }
+            @if let Some(m) = e.machine_id { " " a href={ "/console/machines/" (m) } { (e.machine.clone().unwrap_or_else(|| format!("machine {}", m.to_string().get(..8).unwrap_or("")))) } }
             " " span.detail { (detail) }
         }
     }

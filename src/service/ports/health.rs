@@ -26,4 +26,20 @@ pub trait StoreHealth: Send + Sync + 'static {
     /// Does the database hold any sealed value (a BMC password, a cluster's secrets or base
     /// configs, a served config, a sealed patch value)?
     async fn holds_sealed_values(&self) -> Result<bool, StoreError>;
+
+    /// How the database's applied migrations compare with the ones this binary carries; reads
+    /// only (`plinth doctor`).
+    async fn migration_gap(&self) -> Result<MigrationGap, StoreError>;
+}
+
+/// The migrations of this binary the database has not applied, and the ones it has applied that
+/// this binary does not know (a newer Plinth migrated it).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MigrationGap {
+    /// Migrations this binary carries.
+    pub known: usize,
+    /// Not applied yet, as `VERSION_description`.
+    pub pending: Vec<String>,
+    /// Applied versions this binary does not carry.
+    pub unknown: Vec<i64>,
 }

@@ -31,12 +31,12 @@ pub use configs::{
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
-pub use health::StoreHealth;
+pub use health::{MigrationGap, StoreHealth};
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
-    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate,
-    PasswordChange,
+    ImportBatch, ImportBatches, MachineFilter, MachinePage, MachineRecord, MachineSort,
+    MachineStore, MachineUpdate, PasswordChange,
 };
 pub use reinstalls::{Reinstall, ReinstallPolicy, ReinstallStore, Stage};
 pub use tokens::{ApiRole, NewSession, NewToken, TokenInfo, TokenStore};

@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
 pub use identity::{BootIdentity, DiscoveryLimits, Identities};
-pub use images::{ImageRefusal, ImageRequest};
+pub use images::{pull_command, ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
 pub use waiting::{ArchImage, ClusterImage, Held, Holds};
 
@@ -112,7 +112,15 @@ pub struct ProvisioningService {
     inner: Arc<Parts>,
     /// Image pulls under way (schematic/version/kernel file), so a poll never starts a second.
     pulls: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Boot-script events per machine, plan and requesting address: a boot asks once or twice,
+    /// a flood of anonymous requests (the MAC is all they need) must not bury the timeline.
+    scripts: Arc<crate::service::throttle::Budget>,
 }
+
+/// Boot-script events of one machine, plan and address written at once...
+const SCRIPT_BURST: f64 = 10.0;
+/// ...and then per second (one every 6 s; an iPXE retry loop asks every 30 s or more).
+const SCRIPT_RATE: f64 = 1.0 / 6.0;
 
 impl std::fmt::Debug for ProvisioningService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -127,6 +135,10 @@ impl ProvisioningService {
         ProvisioningService {
             inner: Arc::new(parts),
             pulls: Arc::default(),
+            scripts: Arc::new(crate::service::throttle::Budget::new(
+                SCRIPT_RATE,
+                SCRIPT_BURST,
+            )),
         }
     }
 

@@ -237,19 +237,28 @@ impl ProvisioningService {
         if let (Some(reason), serde_json::Value::Object(o)) = (reason, &mut detail) {
             o.insert("reason".into(), reason.into());
         }
+        let kind = if discovered {
+            "boot.discovered"
+        } else {
+            "boot.script"
+        };
+        tracing::info!(machine = %m.id, name = %m.display_name(), %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
+        // Anonymous requests write this event: a burst per machine, plan and address, then a
+        // rate, the requests between counted into the next one.
+        let Some(suppressed) = self.scripts.admit(&(m.id, kind, plan.name(), req.peer)) else {
+            return;
+        };
+        if let (true, serde_json::Value::Object(o)) = (suppressed > 0, &mut detail) {
+            o.insert("suppressed".into(), suppressed.into());
+        }
         let event = NewEvent {
             machine_id: Some(m.id),
-            kind: if discovered {
-                "boot.discovered".into()
-            } else {
-                "boot.script".into()
-            },
+            kind: kind.into(),
             actor: "boot".into(),
             detail,
         };
         if let Err(e) = self.inner.events.append_event(&event).await {
             tracing::warn!(error = %e, "boot: timeline event not written");
         }
-        tracing::info!(machine = %m.id, name = %m.display_name(), %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
     }
 }

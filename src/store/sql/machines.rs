@@ -17,7 +17,7 @@ use crate::domain::{
     Role, UniqueKey,
 };
 use crate::service::ports::{
-    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate, NewEvent,
+    ImportBatches, MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, NewEvent,
     PasswordChange, StoreError,
 };
 use crate::store::{like_pattern, parse_enum, CHUNK};
@@ -488,48 +488,43 @@ impl MachineStore for Store {
         Ok(m)
     }
 
-    async fn import_machines(
+    async fn import_batches(
         &self,
-        rows: &[(MachineId, MachineRecord)],
-        actor: &str,
-    ) -> Result<(), StoreError> {
-        // An import that updates nothing: the same transaction and events.
-        self.import_and_update(rows, &[], actor).await
-    }
-
-    async fn import_and_update(
-        &self,
-        creates: &[(MachineId, MachineRecord)],
-        updates: &[MachineUpdate],
+        batches: &mut dyn ImportBatches,
         actor: &str,
     ) -> Result<(), StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
-        let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = creates
-            .iter()
-            .map(|(id, r)| (*id, LifecycleState::Registered, r))
-            .collect();
-        insert_machines(&mut tx, &with_state).await?;
-        for u in updates {
-            update_in_tx(&mut tx, u.id, u.expected_version, &u.rec).await?;
+        // Dropped without a commit (an error from a batch or a write), the transaction rolls back.
+        while let Some(batch) = batches.next_batch().await? {
+            let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = batch
+                .creates
+                .iter()
+                .map(|(id, r)| (*id, LifecycleState::Registered, r))
+                .collect();
+            insert_machines(&mut tx, &with_state).await?;
+            for u in &batch.updates {
+                update_in_tx(&mut tx, u.id, u.expected_version, &u.rec).await?;
+            }
+            let created: Vec<NewEvent> = batch
+                .creates
+                .iter()
+                .map(|(id, r)| NewEvent {
+                    machine_id: Some(*id),
+                    kind: "machine.created".into(),
+                    actor: actor.to_string(),
+                    detail: serde_json::json!({
+                        "state": LifecycleState::Registered,
+                        "import": true,
+                        "changes": spec_diff(None, Some(&r.spec)),
+                    }),
+                })
+                .collect();
+            let refs: Vec<&NewEvent> = created
+                .iter()
+                .chain(batch.updates.iter().map(|u| &u.event))
+                .collect();
+            insert_events(&mut tx, &refs).await?;
         }
-        let created: Vec<NewEvent> = creates
-            .iter()
-            .map(|(id, r)| NewEvent {
-                machine_id: Some(*id),
-                kind: "machine.created".into(),
-                actor: actor.to_string(),
-                detail: serde_json::json!({
-                    "state": LifecycleState::Registered,
-                    "import": true,
-                    "changes": spec_diff(None, Some(&r.spec)),
-                }),
-            })
-            .collect();
-        let refs: Vec<&NewEvent> = created
-            .iter()
-            .chain(updates.iter().map(|u| &u.event))
-            .collect();
-        insert_events(&mut tx, &refs).await?;
         tx.commit().await?;
         Ok(())
     }

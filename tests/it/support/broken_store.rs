@@ -157,23 +157,13 @@ impl MachineStore for BrokenStore {
             .await
     }
 
-    async fn import_machines(
+    async fn import_batches(
         &self,
-        rows: &[(MachineId, MachineRecord)],
+        batches: &mut dyn plinth::service::ports::ImportBatches,
         actor: &str,
     ) -> Result<(), StoreError> {
         let s = self.port(Port::Machines)?;
-        s.machines.import_machines(rows, actor).await
-    }
-
-    async fn import_and_update(
-        &self,
-        creates: &[(MachineId, MachineRecord)],
-        updates: &[plinth::service::ports::MachineUpdate],
-        actor: &str,
-    ) -> Result<(), StoreError> {
-        let s = self.port(Port::Machines)?;
-        s.machines.import_and_update(creates, updates, actor).await
+        s.machines.import_batches(batches, actor).await
     }
 
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError> {
@@ -541,6 +531,9 @@ impl StoreHealth for BrokenStore {
     }
     async fn holds_sealed_values(&self) -> Result<bool, StoreError> {
         self.port(Port::Health)?.health.holds_sealed_values().await
+    }
+    async fn migration_gap(&self) -> Result<plinth::service::ports::MigrationGap, StoreError> {
+        self.port(Port::Health)?.health.migration_gap().await
     }
 }
 
