@@ -1239,6 +1239,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             reinstall: Some(Default::default()),
             bootstrap: Some(plinth::service::ports::configs::BootstrapMode::Manual),
             delivery: None,
+            upgrade: None,
         },
         sealed_bundle: Some(vec![1, 2, 3]),
         sealed_base: None,
