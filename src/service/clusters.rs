@@ -1068,7 +1068,7 @@ impl Clusters {
                 (m, a)
             })
             .collect();
-        out.sort_by(|a, b| a.0.display_name().cmp(&b.0.display_name()));
+        out.sort_by_key(|a| a.0.display_name());
         Ok(out)
     }
 

@@ -48,7 +48,7 @@ use super::clusters::{ClusterHealth, Clusters};
 use super::error::ServiceError;
 use super::ports::talos_api::{ServiceStatus, StatusCode, TalosApiError, TalosApiFailure};
 use super::ports::upgrades::{
-    ClusterVersionUpdate, NodeStep, Rollout, RolloutNode, RolloutState, UpgradeMethod,
+    ClusterVersionUpdate, NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState, UpgradeMethod,
     UpgradeStore, DEFAULT_NODE_TIMEOUT_SECONDS, DEFAULT_SNAPSHOT_MAX_AGE_SECONDS,
 };
 use super::ports::{ClusterSpec, NewEvent};
@@ -979,15 +979,7 @@ impl Upgrades {
                     serde_json::json!({"error": error, "node": bad.name, "upgraded": done}),
                 );
                 self.store
-                    .end_rollout(
-                        id,
-                        owner,
-                        RolloutState::Failed,
-                        Some(&error),
-                        Utc::now(),
-                        None,
-                        &event,
-                    )
+                    .end_rollout(id, owner, &failed(error.clone()), &event)
                     .await?;
                 tracing::warn!(cluster = %r.cluster, rollout = %id, %error, "upgrade rollout stopped");
                 return Ok(());
@@ -1022,15 +1014,7 @@ impl Upgrades {
                                 serde_json::json!({"error": error}),
                             );
                             self.store
-                                .end_rollout(
-                                    id,
-                                    owner,
-                                    RolloutState::Failed,
-                                    Some(&error),
-                                    Utc::now(),
-                                    None,
-                                    &event,
-                                )
+                                .end_rollout(id, owner, &failed(error.clone()), &event)
                                 .await?;
                             return Ok(());
                         }
@@ -1089,10 +1073,12 @@ impl Upgrades {
             .end_rollout(
                 r.id,
                 owner,
-                RolloutState::Done,
-                None,
-                Utc::now(),
-                Some(&update),
+                &RolloutEnd {
+                    state: RolloutState::Done,
+                    error: None,
+                    at: Utc::now(),
+                    update: Some(update),
+                },
                 &event,
             )
             .await?
@@ -1467,6 +1453,16 @@ impl Upgrades {
             "upgrade.node_done",
             serde_json::json!({"version": v.tag, "cert_sha256": v.cert_sha256}),
         ))
+    }
+}
+
+/// The end of a failed rollout.
+fn failed(error: String) -> RolloutEnd {
+    RolloutEnd {
+        state: RolloutState::Failed,
+        error: Some(error),
+        at: Utc::now(),
+        update: None,
     }
 }
 

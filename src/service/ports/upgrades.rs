@@ -238,6 +238,19 @@ pub struct ClusterVersionUpdate {
     pub install_image: Option<String>,
 }
 
+/// How the driver ends a rollout.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RolloutEnd {
+    /// `done` or `failed`.
+    pub state: RolloutState,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// When.
+    pub at: DateTime<Utc>,
+    /// On `done`: what the cluster's inventory record becomes.
+    pub update: Option<ClusterVersionUpdate>,
+}
+
 /// Rollouts and their nodes.
 #[async_trait]
 pub trait UpgradeStore: Send + Sync + 'static {
@@ -309,15 +322,12 @@ pub trait UpgradeStore: Send + Sync + 'static {
     ) -> Result<Option<Rollout>, StoreError>;
 
     /// The driver ends the rollout (`done` or `failed`) while holding its lease, with its event;
-    /// on `done` the cluster's inventory record takes `update` in the same transaction.
+    /// on `done` the cluster's inventory record takes `end.update` in the same transaction.
     async fn end_rollout(
         &self,
         id: Uuid,
         owner: &str,
-        to: RolloutState,
-        error: Option<&str>,
-        at: DateTime<Utc>,
-        update: Option<&ClusterVersionUpdate>,
+        end: &RolloutEnd,
         event: &NewEvent,
     ) -> Result<bool, StoreError>;
 }

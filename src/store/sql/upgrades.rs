@@ -14,7 +14,7 @@ use super::events::insert_events;
 use super::{Row, Store, Tx};
 use crate::domain::MachineId;
 use crate::service::ports::upgrades::{
-    ClusterVersionUpdate, NodeStep, Rollout, RolloutNode, RolloutState, UpgradeStore,
+    ClusterVersionUpdate, NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState, UpgradeStore,
 };
 use crate::service::ports::{NewEvent, StoreError};
 use crate::store::{json_err, parse_enum};
@@ -421,10 +421,7 @@ impl UpgradeStore for Store {
         &self,
         id: Uuid,
         owner: &str,
-        to: RolloutState,
-        error: Option<&str>,
-        at: DateTime<Utc>,
-        update: Option<&ClusterVersionUpdate>,
+        end: &RolloutEnd,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
@@ -433,9 +430,9 @@ impl UpgradeStore for Store {
              owner = NULL, lease_until = NULL WHERE id = $4 AND owner = $5 \
              AND state IN ('running', 'paused')",
         )
-        .bind(to.as_str())
-        .bind(error)
-        .bind(at)
+        .bind(end.state.as_str())
+        .bind(&end.error)
+        .bind(end.at)
         .bind(id)
         .bind(owner)
         .execute(&mut *tx)
@@ -443,7 +440,7 @@ impl UpgradeStore for Store {
         if res.rows_affected() == 0 {
             return Ok(false);
         }
-        if let (RolloutState::Done, Some(u)) = (to, update) {
+        if let (RolloutState::Done, Some(u)) = (end.state, &end.update) {
             update_cluster(&mut tx, u).await?;
         }
         insert_events(&mut tx, &[event]).await?;

@@ -14,7 +14,7 @@ use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
 };
 use plinth::service::ports::upgrades::{
-    ClusterVersionUpdate, NodeStep, Rollout, RolloutNode, RolloutState, UpgradeStore,
+    NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState, UpgradeStore,
 };
 use plinth::service::ports::{
     Approval, BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord,
@@ -731,15 +731,12 @@ impl UpgradeStore for BrokenStore {
         &self,
         id: Uuid,
         owner: &str,
-        to: RolloutState,
-        error: Option<&str>,
-        at: DateTime<Utc>,
-        update: Option<&ClusterVersionUpdate>,
+        end: &RolloutEnd,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
         self.port(Port::Upgrades)?
             .upgrades
-            .end_rollout(id, owner, to, error, at, update, event)
+            .end_rollout(id, owner, end, event)
             .await
     }
 }
