@@ -490,6 +490,19 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
         assert!(!path.passed && path.detail.contains(why), "{to}: {path:?}");
     }
 
+    // Every step is an event on the live feed.
+    let feed = srv
+        .req(
+            Method::GET,
+            "/api/v1/events/stream?kind=upgrade.",
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("the stream opens");
+    assert_eq!(feed.status(), StatusCode::OK);
+    let mut feed = feed.bytes_stream();
+
     // Started (the snapshot check answered), the server's driver runs it to the end.
     let started = lib
         .upgrades
@@ -528,6 +541,28 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
         events(&srv.base, &srv.viewer, "upgrade.done").await.len(),
         1
     );
+    let mut seen = String::new();
+    while !seen.contains("event: upgrade.done") {
+        use futures::StreamExt as _;
+        let chunk = tokio::time::timeout(Duration::from_secs(20), feed.next())
+            .await
+            .expect("the feed goes on")
+            .expect("open")
+            .expect("bytes");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let kinds: Vec<&str> = seen
+        .lines()
+        .filter_map(|l| l.strip_prefix("event: "))
+        .collect();
+    assert_eq!(kinds.first(), Some(&"upgrade.started"), "{kinds:?}");
+    assert_eq!(kinds.last(), Some(&"upgrade.done"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| **k == "upgrade.node_done").count(),
+        7,
+        "{kinds:?}"
+    );
+    drop(feed);
     // The inventory follows: a later install installs v1.13.9.
     let sources = lib.configs.sources().await.expect("sources");
     assert_eq!(sources.clusters["lab"].spec.talos_version, "v1.13.9");
@@ -854,6 +889,34 @@ fn kill_9_mid_rollout_resumes_without_repeating_a_node() {
     }
     let done = rt.block_on(wait_rollout(&srv.base, &token, "done", 240));
     logs.push_str(&srv.log.lock().expect("log"));
+    // The CLI: the rollout as JSON; the next plan (this server records no etcd snapshot).
+    let cli = |args: &[&str]| {
+        let mut all = vec!["cluster", "upgrade", "lab"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--server", srv.base.as_str(), "--token", token.as_str()]);
+        crate::cli::plinth(db.dir.path(), &all, &[])
+    };
+    let (code, out, err) = cli(&["--status", "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let json: Value = serde_json::from_str(&out).expect("JSON");
+    assert_eq!(json["rollout"]["state"], "done", "{json}");
+    assert_eq!(json["nodes"].as_array().map(Vec::len), Some(7));
+    let (code, out, err) = cli(&["--to", "v1.13.10", "--dry-run"]);
+    assert_eq!(code, 0, "{err}");
+    for want in [
+        "pre-checks:",
+        "[ok] upgrade path",
+        "[FAILED] etcd snapshot",
+        "LifecycleService.Upgrade",
+        "cp-2",
+        "w-4",
+        "the rollout would be refused",
+    ] {
+        assert!(out.contains(want), "{want} in:\n{out}");
+    }
+    let (code, _, err) = cli(&["--to", "v1.13.10", "--pause"]);
+    assert_ne!(code, 0, "--to and --pause do not go together");
+    assert!(err.contains("cannot be used with"), "{err}");
     for n in done["nodes"].as_array().expect("nodes") {
         assert_eq!(n["step"], "done", "{n}");
     }
