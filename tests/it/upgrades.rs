@@ -1071,3 +1071,33 @@ fn two_instances_never_run_two_rollouts() {
     drop((one, two, lab));
     rt.block_on(db.drop_db());
 }
+
+/// The cluster document's `upgrade:` policy: bad values and unknown keys are refused, naming
+/// the file, the document and the field.
+#[test]
+fn the_upgrade_policy_is_checked_where_it_is_declared() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    for (policy, want) in [
+        (
+            "  maxWorkersPerRack: 0\n",
+            "upgrade.maxWorkersPerRack: must be at least 1",
+        ),
+        (
+            "  nodeTimeoutSeconds: 1\n",
+            "upgrade.nodeTimeoutSeconds: must be between 5 and 86400",
+        ),
+        (
+            "  snapshotMaxAgeSeconds: 10\n",
+            "upgrade.snapshotMaxAgeSeconds: must be between 60 and 604800",
+        ),
+        ("  maxWorkers: 2\n", "unknown field `maxWorkers`"),
+    ] {
+        let inv = write_inventory(tmp.path(), 24, policy);
+        let errors = plinth::declare::load(&inv).expect_err("refused");
+        let text = format!("{errors:?}");
+        assert!(
+            text.contains("all.yaml") && text.contains(want),
+            "{policy}: {text}"
+        );
+    }
+}
