@@ -162,6 +162,22 @@ pub fn clusters(
     )
 }
 
+/// The upgrade use case over the cluster use cases, its port of `stores` and where etcd
+/// snapshots are found.
+pub fn upgrades(
+    clusters: &crate::service::clusters::Clusters,
+    stores: &Stores,
+    snapshots: Arc<dyn crate::service::upgrade::SnapshotCheck>,
+    settings: crate::service::UpgradeSettings,
+) -> crate::service::Upgrades {
+    crate::service::Upgrades::new(
+        clusters.clone(),
+        stores.upgrades.clone(),
+        snapshots,
+        settings,
+    )
+}
+
 /// The workflow use case over the other use cases and its ports of `stores`.
 pub fn workflows(
     inventory: &Inventory,
@@ -178,6 +194,7 @@ pub fn workflows(
         stores.reinstalls.clone(),
         stores.events.clone(),
         clusters,
+        stores.upgrades.clone(),
         settings,
     )
 }
@@ -693,6 +710,19 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         },
     );
     clusters.register_metrics(&metrics);
+    let upgrades = upgrades(
+        &clusters,
+        &stores,
+        Arc::new(crate::service::upgrade::NoSnapshots),
+        config.upgrades.clone(),
+    );
+    tasks.spawn({
+        let (u, stop) = (upgrades.clone(), shutdown.clone());
+        async move {
+            u.run(stop).await;
+            Ok(())
+        }
+    });
     let workflows = workflows(
         &inventory,
         &configs,
@@ -721,6 +751,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     let state = AppState {
         shutdown: shutdown.clone(),
         workflows,
+        upgrades,
         configs,
         inventory,
         tokens: tokens(&stores),

@@ -143,6 +143,22 @@ pub struct RawConfig {
     /// `[images]`.
     #[serde(default)]
     pub images: RawImages,
+    /// `[upgrades]`.
+    #[serde(default)]
+    pub upgrades: RawUpgrades,
+}
+
+/// `[upgrades]`: the pace of rolling Talos upgrades.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpgrades {
+    /// How often rollouts are moved on and nodes asked, seconds (default 2).
+    pub poll_seconds: Option<u64>,
+    /// How long an instance's hold on a rollout lasts without renewal, seconds (default 30):
+    /// how soon another instance (or this one restarted) takes over a rollout whose driver died.
+    pub lease_seconds: Option<u64>,
+    /// Longest image pull, and longest install, on one node, seconds (default 900).
+    pub install_wait_seconds: Option<u64>,
 }
 
 /// `[images]`: where Talos kernels and initramfs images come from.
@@ -393,6 +409,8 @@ pub struct Config {
     pub workflows: crate::service::WorkflowSettings,
     /// How often the workflow engine runs.
     pub workflow_tick: std::time::Duration,
+    /// Rolling upgrades (`[upgrades]`).
+    pub upgrades: crate::service::UpgradeSettings,
     /// Image Factory for on-demand pulls (`[images].factory_url`).
     pub image_factory: Option<String>,
 }
@@ -842,6 +860,24 @@ impl RawConfig {
         let workflow_tick = secs("workflows.tick_seconds", w.tick_seconds, 2)?
             .to_std()
             .unwrap_or(std::time::Duration::from_secs(2));
+        let u = &self.upgrades;
+        let poll = secs("upgrades.poll_seconds", u.poll_seconds, 2)?;
+        let lease = secs("upgrades.lease_seconds", u.lease_seconds, 30)?;
+        if lease < poll * 2 {
+            return Err(SettingsError::new(
+                "upgrades.lease_seconds",
+                "must be at least twice upgrades.poll_seconds (the lease is renewed while it is held)",
+            ));
+        }
+        let install_wait = secs("upgrades.install_wait_seconds", u.install_wait_seconds, 900)?;
+        let upgrades = crate::service::UpgradeSettings {
+            poll: poll.to_std().unwrap_or(std::time::Duration::from_secs(2)),
+            lease: lease.to_std().unwrap_or(std::time::Duration::from_secs(30)),
+            install_wait: install_wait
+                .to_std()
+                .unwrap_or(std::time::Duration::from_secs(900)),
+            ..Default::default()
+        };
         let image_factory = match self.images.factory_url {
             Some(u) if !(u.starts_with("https://") || u.starts_with("http://")) => {
                 return Err(SettingsError::new(
@@ -855,6 +891,7 @@ impl RawConfig {
             image_factory,
             workflows,
             workflow_tick,
+            upgrades,
             talos_schema_dir,
             dhcp,
             boot_public_url,

@@ -49,6 +49,9 @@ mod talos_state;
 #[path = "sql/tokens.rs"]
 mod tokens;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/upgrades.rs"]
+mod upgrades;
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/write.rs"]
 mod write;
 

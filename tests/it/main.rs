@@ -48,6 +48,7 @@ mod talos_patch;
 mod talos_schema;
 mod talos_secrets;
 mod timeline;
+mod upgrades;
 mod vm_boot;
 mod vm_httpboot;
 mod workflow_crash;

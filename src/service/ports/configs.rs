@@ -78,6 +78,9 @@ pub struct ClusterSpec {
     /// `approve` (an operator approves each release, matching the code its console shows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
+    /// Rolling upgrade policy (workers per rack, node deadline, snapshot age).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<super::upgrades::UpgradePolicy>,
 }
 
 /// How a cluster's configs are released (`delivery:` of a Cluster in the inventory directory).

@@ -13,6 +13,9 @@ use plinth::domain::{LifecycleState, MacAddr, Machine, MachineId, MachineRef, Un
 use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
 };
+use plinth::service::ports::upgrades::{
+    NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState, UpgradeStore,
+};
 use plinth::service::ports::{
     Approval, BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord,
     ConfigStore, ConfigWrite, Event, EventFilter, EventStore, GroupSpec, Lease, LeaseClaim,
@@ -34,10 +37,11 @@ pub enum Port {
     Reinstalls,
     Health,
     Talos,
+    Upgrades,
 }
 
 impl Port {
-    pub const ALL: [Port; 9] = [
+    pub const ALL: [Port; 10] = [
         Port::Machines,
         Port::Events,
         Port::Tokens,
@@ -47,6 +51,7 @@ impl Port {
         Port::Reinstalls,
         Port::Health,
         Port::Talos,
+        Port::Upgrades,
     ];
 
     fn bit(self) -> u16 {
@@ -619,5 +624,112 @@ impl TalosStateStore for BrokenStore {
         cluster: &str,
     ) -> Result<Option<(String, DateTime<Utc>)>, StoreError> {
         self.port(Port::Talos)?.talos.cluster_health(cluster).await
+    }
+}
+
+#[async_trait]
+impl UpgradeStore for BrokenStore {
+    async fn create_rollout(
+        &self,
+        r: &Rollout,
+        nodes: &[RolloutNode],
+        event: &NewEvent,
+    ) -> Result<Option<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .create_rollout(r, nodes, event)
+            .await
+    }
+
+    async fn rollout(&self, id: Uuid) -> Result<Option<(Rollout, Vec<RolloutNode>)>, StoreError> {
+        self.port(Port::Upgrades)?.upgrades.rollout(id).await
+    }
+
+    async fn latest_rollout(
+        &self,
+        cluster: &str,
+    ) -> Result<Option<(Rollout, Vec<RolloutNode>)>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .latest_rollout(cluster)
+            .await
+    }
+
+    async fn active_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?.upgrades.active_rollouts().await
+    }
+
+    async fn claim_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .claim_rollout(id, owner, now, until)
+            .await
+    }
+
+    async fn renew_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .renew_rollout(id, owner, until)
+            .await
+    }
+
+    async fn release_rollout(&self, id: Uuid, owner: &str) -> Result<(), StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .release_rollout(id, owner)
+            .await
+    }
+
+    async fn advance_node(
+        &self,
+        id: Uuid,
+        owner: &str,
+        node: &RolloutNode,
+        from: NodeStep,
+        event: Option<&NewEvent>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .advance_node(id, owner, node, from, event)
+            .await
+    }
+
+    async fn set_rollout_state(
+        &self,
+        id: Uuid,
+        from: &[RolloutState],
+        to: RolloutState,
+        note: Option<&str>,
+        at: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<Option<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .set_rollout_state(id, from, to, note, at, event)
+            .await
+    }
+
+    async fn end_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        end: &RolloutEnd,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .end_rollout(id, owner, end, event)
+            .await
     }
 }
