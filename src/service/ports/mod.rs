@@ -31,7 +31,7 @@ pub use configs::{
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
-pub use health::StoreHealth;
+pub use health::{CommitObserver, CommitReport, StoreHealth};
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
