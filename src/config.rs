@@ -298,6 +298,12 @@ pub struct RawSubnet {
     pub unknown_share: Option<f64>,
     /// Addresses one relay circuit (a switch port, option 82) may hold at once (default 4).
     pub leases_per_circuit: Option<u32>,
+    /// Send IPv6 router advertisements (router lifetime 0, no prefix) on this subnet's link, so
+    /// that iPXE's IPv6 autoconfiguration finishes at once (default false).
+    pub ipv6_ra: Option<bool>,
+    /// Prefixes (/64) those advertisements offer for address autoconfiguration (default none).
+    #[serde(default)]
+    pub ipv6_ra_prefixes: Vec<String>,
 }
 
 /// `[database]`.
@@ -453,6 +459,47 @@ fn ipv4(key: &str, v: &str) -> Result<std::net::Ipv4Addr, SettingsError> {
         .map_err(|_| SettingsError::new(key, format!("`{v}` is not an IPv4 address")))
 }
 
+/// A subnet's `ipv6_ra` and `ipv6_ra_prefixes`.
+fn router_advert(
+    k: &dyn Fn(&str) -> String,
+    on: Option<bool>,
+    prefixes: &[String],
+    mode: crate::domain::dhcp::SubnetMode,
+) -> Result<Option<crate::domain::dhcp::RouterAdvert>, SettingsError> {
+    if !on.unwrap_or(false) {
+        if !prefixes.is_empty() {
+            return Err(SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                "advertised only with ipv6_ra = true: set it, or remove the prefixes",
+            ));
+        }
+        return Ok(None);
+    }
+    if mode == crate::domain::dhcp::SubnetMode::Off {
+        return Err(SettingsError::new(
+            &k("ipv6_ra"),
+            "a subnet with mode = \"off\" is not served: router advertisements need a served link",
+        ));
+    }
+    let mut out = Vec::new();
+    for p in prefixes {
+        let net: ipnet::Ipv6Net = p.trim().parse().map_err(|_| {
+            SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                format!("`{p}` is not an IPv6 prefix such as fd00:10::/64"),
+            )
+        })?;
+        if net.prefix_len() != 64 {
+            return Err(SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                format!("`{p}`: address autoconfiguration needs a /64 (RFC 4862 section 5.5.3)"),
+            ));
+        }
+        out.push(net.trunc());
+    }
+    Ok(Some(crate::domain::dhcp::RouterAdvert { prefixes: out }))
+}
+
 impl RawDhcp {
     fn validate(self) -> Result<Option<DhcpConfig>, SettingsError> {
         use crate::domain::dhcp::{Ipv4Range, Subnet, SubnetMode};
@@ -577,6 +624,7 @@ impl RawDhcp {
                     }
                     Some(n) => n,
                 },
+                router_advert: router_advert(&k, raw.ipv6_ra, &raw.ipv6_ra_prefixes, mode)?,
             };
             if let Some(o) = subnets
                 .iter()

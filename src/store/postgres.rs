@@ -80,8 +80,10 @@ pub struct PgStore {
     group_commit: GroupCommit,
 }
 
-/// Connections of DHCP's pool (one for the group commit, the rest for look-ups).
+/// Connections of DHCP's pool (the group commit's writers, the rest for look-ups).
 const LEASE_CONNECTIONS: u32 = 4;
+/// Group-commit writers (transactions under way at once).
+const LEASE_WRITERS: usize = 1;
 
 impl PgStore {
     /// Connect and migrate.
@@ -109,7 +111,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
         Ok(Self {
-            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone())),
+            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone()), LEASE_WRITERS),
             write: pool.clone(),
             read: pool,
             lease_read,

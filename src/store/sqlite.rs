@@ -182,7 +182,7 @@ impl SqliteStore {
             p.push(suffix);
             tighten(std::path::Path::new(&p))?;
         }
-        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()));
+        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()), 1);
         Ok(Self {
             write,
             read,

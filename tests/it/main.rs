@@ -36,6 +36,7 @@ mod layers;
 mod readme;
 mod reinstall_e2e;
 mod relay_pinning;
+mod router_adverts;
 mod secrets_at_rest;
 mod store_battery;
 mod store_faults;

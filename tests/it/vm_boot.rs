@@ -179,12 +179,14 @@ async fn boot_vm(tag: &str, fw: Fw) {
 }
 
 /// `image_door`: serve kernel and initramfs from the sendfile image door (`[boot].images_listen`)
-/// instead of the main port; the install script points there.
-async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
+/// instead of the main port; the install script points there. `ipv6_ra`: the subnet sends IPv6
+/// router advertisements (iPXE's IPv6 autoconfiguration then ends at once): the time from VM start
+/// to config fetched is printed either way, for the README's table (no timing assertion).
+async fn install_vm(tag: &str, uefi: bool, image_door: bool, ipv6_ra: bool) {
     let dir = workdir(tag);
     let d = dir.path();
     let mut lab = Lab::new(tag);
-    let cfg = config(d, &lab.br, "");
+    let cfg = config(d, &lab.br, if ipv6_ra { "ipv6_ra = true\n" } else { "" });
     if image_door {
         let text = std::fs::read_to_string(&cfg).expect("config");
         let text = text.replacen(
@@ -284,6 +286,25 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
         "{tag}: the VM fetched its config after {fetched_after:?} ({:?})",
         report.fields
     );
+    eprintln!(
+        "{tag}: {} firmware, ipv6_ra {}: VM start to config fetched {:.1} s",
+        if uefi { "UEFI" } else { "BIOS" },
+        if ipv6_ra { "on" } else { "off" },
+        fetched_after.as_secs_f64()
+    );
+    if ipv6_ra {
+        // iPXE solicited a router and was answered (what ended its IPv6 wait).
+        let metrics = lab.run("curl", &["-sf", "http://10.88.0.1:8080/metrics"]);
+        let solicited = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("plinth_ra_sent_total{kind=\"solicited\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(
+            solicited >= 1.0,
+            "no solicited router advertisement:\n{metrics}"
+        );
+    }
     assert_eq!(
         report.fields.get("status").map(String::as_str),
         Some("ok"),
@@ -473,10 +494,21 @@ async fn arm64_uefi_vm_boots_arm64_ipxe_and_is_discovered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bios_vm_installs_and_fetches_its_rendered_config() {
     // Through the image door: iPXE fetches kernel and initramfs from the sendfile listener.
-    install_vm("bi", false, true).await;
+    install_vm("bi", false, true, false).await;
+}
+
+/// As above with `ipv6_ra`: iPXE's router solicitation is answered and its IPv6 wait ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bios_vm_with_ipv6_ra_installs_and_fetches_its_rendered_config() {
+    install_vm("br", false, true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uefi_vm_with_ipv6_ra_installs_and_fetches_its_rendered_config() {
+    install_vm("ur", true, false, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uefi_vm_installs_and_fetches_its_rendered_config() {
-    install_vm("ui", true, false).await;
+    install_vm("ui", true, false, false).await;
 }

@@ -32,7 +32,7 @@ pub use configs::{
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
-pub use health::{MigrationGap, StoreHealth};
+pub use health::{CommitObserver, CommitReport, MigrationGap, StoreHealth};
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
