@@ -14,7 +14,7 @@ use serde::Deserialize;
 use serde_yaml_ng::Value;
 
 use crate::domain::MachineSpec;
-use crate::service::apply::{Declared, DeclaredMachine};
+use crate::service::apply::{Declared, DeclaredMachine, DocLocation};
 use crate::service::machine_config::DEFAULT_FACTORY_HOST;
 use crate::service::{
     ClusterSecretInput, ClusterSpec, GroupKind, GroupSpec, MachinePatches, PatchSource, ProfileSpec,
@@ -80,6 +80,9 @@ struct ClusterDoc {
     /// `token` (default) or `approve`.
     #[serde(default)]
     delivery: Option<crate::service::ports::configs::Delivery>,
+    /// Rolling upgrade policy.
+    #[serde(default)]
+    upgrade: Option<crate::service::ports::upgrades::UpgradePolicy>,
 }
 
 #[derive(Deserialize)]
@@ -136,8 +139,8 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Load a declarative inventory directory. Every problem is reported (file, document, field),
-/// not just the first.
+/// Load a declarative inventory directory. Every problem is reported as `file:line: field:
+/// message` (the line of the field in its YAML document), not just the first.
 pub fn load(dir: &Path) -> Result<Declared, Vec<String>> {
     let root = std::fs::canonicalize(dir).map_err(|e| vec![format!("{}: {e}", dir.display())])?;
     let mut files = Vec::new();
@@ -152,7 +155,6 @@ pub fn load(dir: &Path) -> Result<Declared, Vec<String>> {
     for f in files {
         l.file(&f);
     }
-    l.check_duplicates();
     if l.errors.is_empty() {
         Ok(l.out)
     } else {
@@ -174,55 +176,114 @@ impl Loader {
             Ok(t) => t,
             Err(e) => return self.errors.push(format!("{name}: {e}")),
         };
+        let mut lines = document_lines(&text).into_iter();
         for (i, de) in serde_yaml_ng::Deserializer::from_str(&text).enumerate() {
-            let origin = format!("{name}#{}", i + 1);
+            let (start, fields) = lines.next().unwrap_or_default();
+            let loc = DocLocation {
+                file: name.clone(),
+                index: i + 1,
+                start: start.max(1),
+                lines: fields,
+            };
             let doc = match Value::deserialize(de) {
                 Ok(Value::Null) => continue,
                 Ok(v) => v,
                 Err(e) => {
-                    self.errors.push(format!("{origin}: not YAML: {e}"));
+                    let at = e.location().map_or_else(
+                        || format!("{name}#{}", i + 1),
+                        |l| format!("{name}:{}", l.line()),
+                    );
+                    self.errors.push(format!("{at}: not YAML: {e}"));
                     break;
                 }
             };
-            self.document(path, &origin, doc);
+            self.document(path, &loc, doc);
         }
     }
 
-    fn document(&mut self, path: &Path, origin: &str, doc: Value) {
+    /// Record a problem of `field` (a path in the document; empty for the whole document).
+    fn error(&mut self, loc: &DocLocation, field: &str, message: impl std::fmt::Display) {
+        if field.is_empty() {
+            self.errors.push(format!("{}: {message}", loc.at(field)));
+        } else {
+            self.errors
+                .push(format!("{}: {field}: {message}", loc.at(field)));
+        }
+    }
+
+    /// Deserialize a document's body into `T`, or record where and why it does not fit.
+    fn typed<'de, T: Deserialize<'de>, D: serde::Deserializer<'de>>(
+        &mut self,
+        loc: &DocLocation,
+        kind: &str,
+        body: D,
+    ) -> Option<T> {
+        match serde_path_to_error::deserialize::<_, T>(body) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                let mut field = e.path().to_string();
+                if field == "." {
+                    field.clear();
+                }
+                let message = e.into_inner().to_string();
+                // An unknown field is reported at its parent: point at the field itself.
+                if let Some(unknown) = message
+                    .strip_prefix("unknown field `")
+                    .and_then(|r| r.split('`').next())
+                    .filter(|u| field != *u && !field.ends_with(&format!(".{u}")))
+                {
+                    field = if field.is_empty() {
+                        unknown.to_string()
+                    } else {
+                        format!("{field}.{unknown}")
+                    };
+                }
+                self.error(loc, &field, format!("{kind}: {message}"));
+                None
+            }
+        }
+    }
+
+    fn document(&mut self, path: &Path, loc: &DocLocation, doc: Value) {
         let Value::Mapping(mut m) = doc else {
-            return self.errors.push(format!(
-                "{origin}: a document must be a mapping with `kind`"
-            ));
+            return self.error(loc, "", "a document must be a mapping with `kind`");
         };
         let kind = match m.remove("kind") {
             Some(Value::String(k)) => k,
             _ => {
-                return self.errors.push(format!(
-                    "{origin}: `kind` is missing: Cluster, Profile, Site, Rack or Machine"
-                ))
+                return self.error(
+                    loc,
+                    "kind",
+                    "missing: Cluster, Profile, Site, Rack or Machine",
+                )
             }
         };
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         let body = Value::Mapping(m);
         match kind.as_str() {
-            "Cluster" => match serde_yaml_ng::from_value::<ClusterDoc>(body) {
-                Ok(d) => self.cluster(&dir, origin, d),
-                Err(e) => self.errors.push(format!("{origin}: Cluster: {e}")),
-            },
-            "Profile" => match serde_yaml_ng::from_value::<ProfileDoc>(body) {
-                Ok(d) => {
-                    let patches = self.patches(&dir, origin, "patches", d.patches);
+            "Cluster" => {
+                if let Some(d) = self.typed::<ClusterDoc, _>(loc, "Cluster", body) {
+                    self.locate("Cluster", &d.name, loc);
+                    self.cluster(&dir, loc, d);
+                }
+            }
+            "Profile" => {
+                if let Some(d) = self.typed::<ProfileDoc, _>(loc, "Profile", body) {
+                    self.locate("Profile", &d.name, loc);
+                    let patches = self.patches(&dir, loc, "patches", d.patches);
                     if let Some(t) = &d.boot_target {
                         match t.parse::<crate::service::bmc::BootTarget>() {
                             Ok(crate::service::bmc::BootTarget::Cd)
                                 if d.boot_media_url.is_none() =>
                             {
-                                self.errors.push(format!(
-                                    "{origin}: bootMediaUrl: required when bootTarget is cd (the ISO to insert as virtual media)"
-                                ))
+                                self.error(
+                                    loc,
+                                    "bootMediaUrl",
+                                    "required when bootTarget is cd (the ISO to insert as virtual media)",
+                                )
                             }
                             Ok(_) => {}
-                            Err(e) => self.errors.push(format!("{origin}: bootTarget: {e}")),
+                            Err(e) => self.error(loc, "bootTarget", e),
                         }
                     }
                     self.out.profiles.push(ProfileSpec {
@@ -235,11 +296,11 @@ impl Loader {
                         boot_media_url: d.boot_media_url,
                     });
                 }
-                Err(e) => self.errors.push(format!("{origin}: Profile: {e}")),
-            },
-            "Site" | "Rack" => match serde_yaml_ng::from_value::<GroupDoc>(body) {
-                Ok(d) => {
-                    let patches = self.patches(&dir, origin, "patches", d.patches);
+            }
+            "Site" | "Rack" => {
+                if let Some(d) = self.typed::<GroupDoc, _>(loc, &kind, body) {
+                    self.locate(&kind, &d.name, loc);
+                    let patches = self.patches(&dir, loc, "patches", d.patches);
                     let kind = if kind == "Site" {
                         GroupKind::Site
                     } else {
@@ -252,112 +313,188 @@ impl Loader {
                         kernel_args: d.kernel_args,
                     });
                 }
-                Err(e) => self.errors.push(format!("{origin}: {kind}: {e}")),
-            },
-            "Machine" => self.machine(&dir, origin, body),
-            other => self.errors.push(format!(
-                "{origin}: unknown kind `{other}`: Cluster, Profile, Site, Rack or Machine"
-            )),
+            }
+            "Machine" => self.machine(&dir, loc, body),
+            other => self.error(
+                loc,
+                "kind",
+                format!("unknown kind `{other}`: Cluster, Profile, Site, Rack or Machine"),
+            ),
         }
+    }
+
+    /// Remember where an object was written; a second declaration of it is an error.
+    fn locate(&mut self, kind: &str, name: &str, loc: &DocLocation) {
+        let key = (kind.to_string(), name.to_string());
+        if let Some(first) = self.out.locations.objects.get(&key) {
+            let first = first.at("");
+            let field = if kind == "Machine" {
+                "hostname"
+            } else {
+                "name"
+            };
+            return self.error(
+                loc,
+                field,
+                format!("{kind} {name} is declared twice (first at {first})"),
+            );
+        }
+        self.out.locations.objects.insert(key, loc.clone());
     }
 
     fn patches(
         &mut self,
         dir: &Path,
-        origin: &str,
+        loc: &DocLocation,
         field: &str,
         refs: Vec<PatchRef>,
     ) -> Vec<PatchSource> {
         let mut out = Vec::new();
+        // (origin, where its text starts: a file, or `file:line` of an inline patch)
+        let mut places = Vec::new();
         for (i, r) in refs.into_iter().enumerate() {
+            let item = format!("{field}[{i}]");
             match r {
                 PatchRef::File(f) => {
+                    // Named as it lies in the directory (`patches/x.yaml`, not
+                    // `clusters/../patches/x.yaml`).
                     let p = dir.join(&f);
+                    let p = std::fs::canonicalize(&p).unwrap_or(p);
                     match std::fs::read_to_string(&p) {
-                        Ok(text) => out.push(PatchSource {
-                            origin: self.rel(&p),
-                            text,
-                        }),
-                        Err(e) => self
-                            .errors
-                            .push(format!("{origin}: {field}[{i}]: {}: {e}", p.display())),
+                        Ok(text) => {
+                            let origin = self.rel(&p);
+                            places.push(origin.clone());
+                            out.push(PatchSource { origin, text });
+                        }
+                        Err(e) => self.error(loc, &item, format!("{}: {e}", p.display())),
                     }
                 }
                 PatchRef::Inline(v) => match serde_yaml_ng::to_string(&v) {
-                    Ok(text) => out.push(PatchSource {
-                        origin: format!("{origin} {field}[{i}]"),
-                        text,
-                    }),
-                    Err(e) => self.errors.push(format!("{origin}: {field}[{i}]: {e}")),
+                    Ok(text) => {
+                        // The origin stays `file#document field[i]`: it is part of how a sealed
+                        // value of the patch is bound, and must not move with the lines above it.
+                        let origin = format!("{}#{} {item}", loc.file, loc.index);
+                        let at = format!("{} ({item})", loc.at(&item));
+                        self.out
+                            .locations
+                            .patches
+                            .insert(origin.clone(), at.clone());
+                        places.push(at);
+                        out.push(PatchSource { origin, text });
+                    }
+                    Err(e) => self.error(loc, &item, e),
                 },
             }
         }
         // Check each patch parses now, so errors name the file and not a later render.
-        for p in &out {
+        for (p, place) in out.iter().zip(places) {
             if let Err(e) = crate::talos::patch::load_patch(&p.text) {
-                self.errors
-                    .push(format!("{}: not a Talos patch: {e}", p.origin));
+                self.errors.push(format!("{place}: not a Talos patch: {e}"));
             }
         }
         out
     }
 
-    fn secret_file(&mut self, dir: &Path, origin: &str, field: &str, p: &str) -> Option<String> {
+    fn secret_file(
+        &mut self,
+        dir: &Path,
+        loc: &DocLocation,
+        field: &str,
+        p: &str,
+    ) -> Option<String> {
         let path = dir.join(p);
         let Ok(canon) = std::fs::canonicalize(&path) else {
-            self.errors.push(format!(
-                "{origin}: {field}: {} cannot be read",
-                path.display()
-            ));
+            self.error(loc, field, format!("{} cannot be read", path.display()));
             return None;
         };
         if canon.starts_with(&self.root) {
-            self.errors.push(format!(
-                "{origin}: {field}: {} lies inside the inventory directory; keep secrets out of Git and name a path outside it",
-                path.display()
-            ));
+            self.error(
+                loc,
+                field,
+                format!(
+                    "{} lies inside the inventory directory; keep secrets out of Git and name a path outside it",
+                    path.display()
+                ),
+            );
             return None;
         }
         match std::fs::read_to_string(&canon) {
             Ok(t) => Some(t),
             Err(e) => {
-                self.errors
-                    .push(format!("{origin}: {field}: {}: {e}", path.display()));
+                self.error(loc, field, format!("{}: {e}", path.display()));
                 None
             }
         }
     }
 
-    fn cluster(&mut self, dir: &Path, origin: &str, d: ClusterDoc) {
+    fn cluster(&mut self, dir: &Path, loc: &DocLocation, d: ClusterDoc) {
         if let Err(e) = d.talos_version.parse::<crate::talos::TalosVersion>() {
-            self.errors.push(format!("{origin}: talosVersion: {e}"));
+            self.error(loc, "talosVersion", e);
         }
-        match url_host(&d.endpoint) {
-            Ok(()) => {}
-            Err(e) => self.errors.push(format!("{origin}: endpoint: {e}")),
+        if let Some(u) = &d.upgrade {
+            if u.max_workers_per_rack == Some(0) {
+                self.error(
+                    loc,
+                    "upgrade.maxWorkersPerRack",
+                    "must be at least 1 (a rollout must be able to upgrade a worker)",
+                );
+            }
+            if u.node_timeout_seconds
+                .is_some_and(|s| !(5..=86_400).contains(&s))
+            {
+                self.error(
+                    loc,
+                    "upgrade.nodeTimeoutSeconds",
+                    "must be between 5 and 86400 (a node pulls an image, installs and reboots within it)",
+                );
+            }
+            if u.snapshot_max_age_seconds
+                .is_some_and(|s| !(60..=7 * 86_400).contains(&s))
+            {
+                self.error(
+                    loc,
+                    "upgrade.snapshotMaxAgeSeconds",
+                    "must be between 60 and 604800 (7 days)",
+                );
+            }
         }
+        if let Err(e) = url_host(&d.endpoint) {
+            self.error(loc, "endpoint", e);
+        }
+        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments.
+        let mut schematic_kernel_args = Vec::new();
         let schematic_id = match (&d.schematic, &d.schematic_id) {
             (Some(_), Some(_)) => {
-                self.errors.push(format!(
-                    "{origin}: give `schematic` or `schematicId`, not both"
-                ));
+                self.error(
+                    loc,
+                    "schematicId",
+                    "give `schematic` or `schematicId`, not both",
+                );
                 return;
             }
             (Some(s), None) => {
                 let text = serde_yaml_ng::to_string(s).unwrap_or_default();
-                match Schematic::parse(&text).and_then(|s| s.id()) {
-                    Ok(id) => id.as_str().to_string(),
+                match Schematic::parse(&text).and_then(|s| {
+                    let id = s.id()?;
+                    Ok((id, s.customization.extra_kernel_args))
+                }) {
+                    Ok((id, args)) => {
+                        schematic_kernel_args = args;
+                        id.as_str().to_string()
+                    }
                     Err(e) => {
-                        self.errors.push(format!("{origin}: schematic: {e}"));
+                        self.error(loc, "schematic", e);
                         return;
                     }
                 }
             }
             (None, Some(id)) => {
                 if crate::talos::schematic::SchematicId::parse(id).is_none() {
-                    self.errors.push(format!(
-                        "{origin}: schematicId: `{id}` is not 64 lower-case hex digits"
-                    ));
+                    self.error(
+                        loc,
+                        "schematicId",
+                        format!("`{id}` is not 64 lower-case hex digits"),
+                    );
                     return;
                 }
                 id.clone()
@@ -365,24 +502,26 @@ impl Loader {
             (None, None) => match Schematic::parse("customization: {}\n").and_then(|s| s.id()) {
                 Ok(id) => id.as_str().to_string(),
                 Err(e) => {
-                    self.errors.push(format!("{origin}: schematic: {e}"));
+                    self.error(loc, "schematic", e);
                     return;
                 }
             },
         };
         let secret = match (&d.secrets, &d.base_configs) {
             (Some(_), Some(_)) => {
-                self.errors.push(format!(
-                    "{origin}: give `secrets` or `baseConfigs`, not both"
-                ));
+                self.error(
+                    loc,
+                    "baseConfigs",
+                    "give `secrets` or `baseConfigs`, not both",
+                );
                 None
             }
             (Some(p), None) => self
-                .secret_file(dir, origin, "secrets", p)
+                .secret_file(dir, loc, "secrets", p)
                 .map(ClusterSecretInput::Bundle),
             (None, Some(b)) => {
-                let cp = self.secret_file(dir, origin, "baseConfigs.controlplane", &b.controlplane);
-                let w = self.secret_file(dir, origin, "baseConfigs.worker", &b.worker);
+                let cp = self.secret_file(dir, loc, "baseConfigs.controlplane", &b.controlplane);
+                let w = self.secret_file(dir, loc, "baseConfigs.worker", &b.worker);
                 cp.zip(w)
                     .map(|(controlplane, worker)| ClusterSecretInput::BaseConfigs {
                         controlplane,
@@ -390,20 +529,22 @@ impl Loader {
                     })
             }
             (None, None) => {
-                self.errors.push(format!(
-                    "{origin}: name the cluster's `secrets` bundle (talosctl gen secrets or plinth cluster init) or its `baseConfigs`, as paths outside the directory"
-                ));
+                self.error(
+                    loc,
+                    "",
+                    "name the cluster's `secrets` bundle (talosctl gen secrets or plinth cluster init) or its `baseConfigs`, as paths outside the directory",
+                );
                 None
             }
         };
-        let patches = self.patches(dir, origin, "patches", d.patches);
+        let patches = self.patches(dir, loc, "patches", d.patches);
         let cp = self.patches(
             dir,
-            origin,
+            loc,
             "rolePatches.controlplane",
             d.role_patches.controlplane,
         );
-        let worker = self.patches(dir, origin, "rolePatches.worker", d.role_patches.worker);
+        let worker = self.patches(dir, loc, "rolePatches.worker", d.role_patches.worker);
         let Some(secret) = secret else { return };
         self.out.clusters.push((
             ClusterSpec {
@@ -412,6 +553,7 @@ impl Loader {
                 talos_version: d.talos_version,
                 kubernetes_version: d.kubernetes_version,
                 schematic_id,
+                schematic_kernel_args,
                 factory_host: d
                     .factory
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),
@@ -425,54 +567,60 @@ impl Loader {
                 reinstall: d.reinstall,
                 bootstrap: d.bootstrap,
                 delivery: d.delivery,
+                upgrade: d.upgrade,
             },
             secret,
         ));
     }
 
-    fn machine(&mut self, dir: &Path, origin: &str, body: Value) {
+    fn machine(&mut self, dir: &Path, loc: &DocLocation, body: Value) {
         let Value::Mapping(mut m) = body else { return };
         let patch_refs = m.remove("patches");
         let kernel_args = m.remove("kernelArgs");
         let refs: Vec<PatchRef> = match patch_refs.map(serde_yaml_ng::from_value) {
             None => Vec::new(),
             Some(Ok(r)) => r,
-            Some(Err(e)) => return self.errors.push(format!("{origin}: patches: {e}")),
+            Some(Err(e)) => return self.error(loc, "patches", e),
         };
         let kernel_args: Vec<String> = match kernel_args.map(serde_yaml_ng::from_value) {
             None => Vec::new(),
             Some(Ok(k)) => k,
-            Some(Err(e)) => return self.errors.push(format!("{origin}: kernelArgs: {e}")),
+            Some(Err(e)) => return self.error(loc, "kernelArgs", e),
         };
         let json = match serde_json::to_value(Value::Mapping(m)) {
             Ok(j) => j,
-            Err(e) => return self.errors.push(format!("{origin}: {e}")),
+            Err(e) => return self.error(loc, "", e),
         };
-        let spec: MachineSpec = match serde_path_to_error::deserialize(json) {
-            Ok(s) => s,
-            Err(e) => {
-                return self
-                    .errors
-                    .push(format!("{origin}: {}: {}", e.path(), e.inner()))
-            }
+        let Some(spec) = self.typed::<MachineSpec, _>(loc, "Machine", json) else {
+            return;
         };
-        if spec.hostname.is_none() {
-            return self.errors.push(format!(
-                "{origin}: hostname: required (it is the machine's key in the directory)"
-            ));
-        }
+        let Some(host) = spec.hostname.clone() else {
+            return self.error(
+                loc,
+                "hostname",
+                "required (it is the machine's key in the directory)",
+            );
+        };
+        self.locate("Machine", &host, loc);
         if spec.bmc.as_ref().is_some_and(|b| b.password.is_some()) {
-            return self.errors.push(format!(
-                "{origin}: bmc.password: secrets are not kept in the inventory directory; set it with `plinth machine edit --set bmc.password=...`"
-            ));
+            return self.error(
+                loc,
+                "bmc.password",
+                "secrets are not kept in the inventory directory; set it with `plinth machine edit --set bmc.password=...`",
+            );
         }
         let spec = match spec.validate() {
             Ok(s) => s,
-            Err(e) => return self.errors.push(format!("{origin}: {e}")),
+            Err(e) => {
+                for f in e.0 {
+                    self.error(loc, &f.field, f.message);
+                }
+                return;
+            }
         };
-        let patches = self.patches(dir, origin, "patches", refs);
+        let patches = self.patches(dir, loc, "patches", refs);
         self.out.machines.push(DeclaredMachine {
-            origin: origin.to_string(),
+            origin: loc.at(""),
             spec,
             patches: MachinePatches {
                 patches,
@@ -480,37 +628,92 @@ impl Loader {
             },
         });
     }
+}
 
-    fn check_duplicates(&mut self) {
-        let mut seen = std::collections::HashSet::new();
-        let names =
-            self.out
-                .clusters
-                .iter()
-                .map(|(c, _)| format!("Cluster {}", c.name))
-                .chain(
-                    self.out
-                        .profiles
-                        .iter()
-                        .map(|p| format!("Profile {}", p.name)),
-                )
-                .chain(
-                    self.out
-                        .groups
-                        .iter()
-                        .map(|g| format!("{} {}", g.kind.as_str(), g.name)),
-                )
-                .chain(self.out.machines.iter().map(|m| {
-                    format!("Machine {}", m.spec.hostname.as_deref().unwrap_or_default())
-                }));
-        let mut dups = Vec::new();
-        for n in names {
-            if !seen.insert(n.clone()) {
-                dups.push(format!("{n} is declared twice"));
-            }
-        }
-        self.errors.extend(dups);
+/// The start line of each YAML document of `text` and the line of each field path in it
+/// (`installDisk.size`, `interfaces[0].mac`; the key's line for a mapping entry, the item's for
+/// a sequence item). Syntax errors end the walk: serde reports them, with their line.
+fn document_lines(text: &str) -> Vec<(usize, std::collections::HashMap<String, usize>)> {
+    use saphyr_parser::{Event, Parser};
+    enum Frame {
+        Map {
+            path: String,
+            key: Option<(String, usize)>,
+        },
+        Seq {
+            path: String,
+            next: usize,
+        },
     }
+    let join = |parent: &str, key: &str| {
+        if parent.is_empty() {
+            key.to_string()
+        } else {
+            format!("{parent}.{key}")
+        }
+    };
+    let mut docs = Vec::new();
+    let mut current: Option<(usize, std::collections::HashMap<String, usize>)> = None;
+    let mut stack: Vec<Frame> = Vec::new();
+    for item in Parser::new_from_str(text) {
+        let Ok((event, span)) = item else { break };
+        let line = span.start.line();
+        match event {
+            Event::DocumentStart(_) => {
+                current = Some((line, std::collections::HashMap::new()));
+                stack.clear();
+            }
+            Event::DocumentEnd => {
+                if let Some(d) = current.take() {
+                    docs.push(d);
+                }
+            }
+            Event::MappingEnd | Event::SequenceEnd => {
+                stack.pop();
+            }
+            Event::Scalar(..)
+            | Event::Alias(_)
+            | Event::MappingStart(..)
+            | Event::SequenceStart(..) => {
+                // A scalar where a mapping expects its key is that key.
+                if let (
+                    Some(Frame::Map {
+                        key: key @ None, ..
+                    }),
+                    Event::Scalar(k, ..),
+                ) = (stack.last_mut(), &event)
+                {
+                    *key = Some((k.to_string(), line));
+                    continue;
+                }
+                // Otherwise this node is a value: name it and note its line.
+                let (path, at) = match stack.last_mut() {
+                    None => (String::new(), line),
+                    Some(Frame::Map { path, key }) => {
+                        let (k, l) = key.take().unwrap_or_else(|| ("?".into(), line));
+                        (join(path.as_str(), &k), l)
+                    }
+                    Some(Frame::Seq { path, next }) => {
+                        *next += 1;
+                        (format!("{path}[{}]", *next - 1), line)
+                    }
+                };
+                if let Some((_, lines)) = current.as_mut() {
+                    lines.entry(path.clone()).or_insert(at);
+                }
+                match event {
+                    Event::MappingStart(..) => stack.push(Frame::Map { path, key: None }),
+                    Event::SequenceStart(..) => stack.push(Frame::Seq { path, next: 0 }),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Some(d) = current.take() {
+        docs.push(d);
+    }
+    docs
 }
 
 fn url_host(endpoint: &str) -> Result<(), String> {

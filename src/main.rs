@@ -23,6 +23,10 @@ fn telemetry(config: &plinth::config::Config) {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    // Settings that do not load are the doctor's first failed check, not an error.
+    if let Command::Doctor(a) = &cli.command {
+        return plinth::cli::doctor::run(cli.settings(), a).await;
+    }
     let settings = cli.settings()?;
     if let (Command::Serve { .. }, Some(s)) = (&cli.command, &settings) {
         telemetry(&s.config);

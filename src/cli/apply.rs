@@ -155,8 +155,9 @@ pub async fn run(settings: &Settings, args: ApplyArgs) -> anyhow::Result<()> {
         print_text(&report, &args);
     }
     if !report.errors.is_empty() {
+        let machines: usize = report.errors.iter().map(|e| e.machines.len()).sum();
         bail!(
-            "{} machine config(s) would not render or validate; nothing was applied",
+            "{machines} machine config(s) would not render or validate ({} cause(s) above); nothing was applied",
             report.errors.len()
         );
     }

@@ -15,12 +15,18 @@ pub(crate) fn print(json_out: bool, e: &Value) {
     if json_out {
         say(e);
     } else {
+        // The machine by host name (else MAC or UUID, as the server names it); its id only when
+        // it has none of them or is gone.
+        let machine = match &e["machine"] {
+            serde_json::Value::String(name) => name.clone(),
+            _ => s(&e["machine_id"]),
+        };
         say(format!(
             "{} {:<28} {:<10} {} {}",
             s(&e["at"]),
             s(&e["kind"]),
             s(&e["actor"]),
-            s(&e["machine_id"]),
+            machine,
             e["detail"]
         ));
     }

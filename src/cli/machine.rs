@@ -1003,8 +1003,16 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
             update,
             key,
         } => {
-            let text =
-                std::fs::read(&file).with_context(|| format!("cannot read {}", file.display()))?;
+            // Streamed from the file as it is sent: a sheet of any size is never read whole here.
+            let opened = tokio::fs::File::open(&file)
+                .await
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let length = opened
+                .metadata()
+                .await
+                .with_context(|| format!("cannot read {}", file.display()))?
+                .len();
+            let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(opened));
             let format = match format {
                 Some(f) => f,
                 None => match file.extension().and_then(|e| e.to_str()) {
@@ -1032,7 +1040,8 @@ pub async fn run(args: Box<MachineArgs>) -> anyhow::Result<()> {
                                 .collect::<Vec<_>>(),
                         )
                         .header(reqwest::header::CONTENT_TYPE, ct)
-                        .body(text),
+                        .header(reqwest::header::CONTENT_LENGTH, length)
+                        .body(body),
                 )
                 .await?;
             if json_out {

@@ -3,7 +3,8 @@
 //! database or data directory directly (`token`, `apply`, `config render|diff`, `image`), files
 //! only (`cluster init`, `config generate|patch|validate`), the groups that talk to a running
 //! server's API (`machine`, `bmc`, `cluster bootstrap|talosconfig|kubeconfig|health`), which
-//! share `ApiArgs` (server, token, `--json`) and one client (`api`), and `completion`. Output helpers (lines, JSON, tables) are in `output`; how the
+//! share `ApiArgs` (server, token, `--json`) and one client (`api`), `doctor` (checks what an
+//! operator gets wrong; reads only) and `completion`. Output helpers (lines, JSON, tables) are in `output`; how the
 //! database is found and opened is in `database`. Every command takes `--json`, and under it an
 //! error is `{"error": {...}}` on stderr.
 //!
@@ -28,6 +29,7 @@ pub mod bmc;
 pub mod cluster;
 pub mod config;
 mod database;
+pub mod doctor;
 mod events;
 pub mod image;
 pub mod machine;
@@ -114,6 +116,10 @@ pub enum Command {
     /// the database; prints what changes (per object and per machine config) and, with `--diff`,
     /// the diff of every machine's config (secrets redacted).
     Apply(apply::ApplyArgs),
+    /// Check the settings, network, ports, capabilities, iPXE binaries, database, secret key,
+    /// Talos images and BMCs, one line per check with the fix; reads only, and exits non-zero
+    /// when a check fails.
+    Doctor(doctor::DoctorArgs),
     /// Print a shell completion script: `source <(plinth completion bash)`.
     Completion {
         /// bash, zsh, fish, elvish or powershell.
@@ -137,6 +143,7 @@ impl Command {
             Command::Cluster(a) => a.api.json,
             Command::Config(a) => a.out.json,
             Command::Apply(a) => a.out.json,
+            Command::Doctor(a) => a.out.json,
             Command::Machine(a) => a.api.json,
             Command::Bmc(a) => a.api.json,
         }
@@ -149,6 +156,7 @@ impl Command {
             Command::Token(a) => Some(&a.settings),
             Command::Image(a) => Some(&a.settings),
             Command::Apply(a) => Some(&a.settings),
+            Command::Doctor(a) => Some(&a.settings),
             Command::Config(a) => a.command.settings(),
             Command::SecretKey { .. }
             | Command::Machine(_)
@@ -231,6 +239,7 @@ pub async fn run(command: Command, settings: Option<&Settings>) -> anyhow::Resul
         Command::Config(a) => config::run(settings, a).await,
         Command::Apply(a) => apply::run(database::required(settings)?, a).await,
         Command::Image(a) => image::run(database::required(settings)?, a).await,
+        Command::Doctor(a) => doctor::run(Ok(settings.cloned()), &a).await,
         Command::Completion { shell, .. } => {
             let mut out = Vec::new();
             clap_complete::generate(shell, &mut Cli::command(), "plinth", &mut out);

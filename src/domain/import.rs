@@ -146,43 +146,85 @@ impl std::str::FromStr for ImportKey {
     }
 }
 
-/// Parse a whole file. A file-level problem (not CSV, unknown column, not a JSON array) is a single
-/// `RowError` with line 0 or the line where parsing stopped.
+/// Parse a whole file into rows. A file-level problem (not CSV, unknown column, not a JSON array)
+/// is a single `RowError` with line 0 or the line where parsing stopped. Holds every row: for
+/// files of any size, walk them with [`for_each_row`].
 pub fn parse(format: ImportFormat, text: &str) -> Result<Vec<ParsedRow>, RowError> {
+    let mut rows = Vec::new();
+    for_each_row(format, text, &mut |row| rows.push(row))?;
+    Ok(rows)
+}
+
+/// Walk a file row by row in file order: `each` gets every row (with its line) as it is read, so
+/// a file's rows are never all in memory at once, and the walk is linear in the file's length
+/// (line numbers are counted incrementally). A file-level problem (not CSV, unknown column, not a
+/// JSON array, malformed CSV or JSON part-way) is a single `RowError` with line 0 or the line where
+/// reading stopped; the rows before it were given to `each` already.
+pub fn for_each_row(
+    format: ImportFormat,
+    text: &str,
+    each: &mut dyn FnMut(ParsedRow),
+) -> Result<(), RowError> {
     match format {
-        ImportFormat::Csv => parse_csv(text),
-        ImportFormat::Json => parse_json(text),
+        ImportFormat::Csv => csv_rows(text, each),
+        ImportFormat::Json => json_rows(text, each),
     }
 }
 
-fn parse_json(text: &str) -> Result<Vec<ParsedRow>, RowError> {
-    let items: Vec<&serde_json::value::RawValue> =
-        serde_json::from_str(text).map_err(|e| RowError {
-            line: e.line(),
-            field: "-".into(),
-            message: format!("not a JSON array of machines: {e}"),
-        })?;
-    let base = text.as_ptr() as usize;
-    Ok(items
-        .into_iter()
-        .map(|raw| {
+/// The elements of a JSON array, each deserialized as it is reached (serde's sequence visitor)
+/// from the borrowed text of the element, whose position gives its line.
+struct JsonRows<'t, 'f> {
+    text: &'t str,
+    lines: LineCounter<'t>,
+    each: &'f mut dyn FnMut(ParsedRow),
+}
+
+impl<'de, 'f> serde::de::Visitor<'de> for JsonRows<'de, 'f> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON array of machines")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(mut self, mut seq: A) -> Result<(), A::Error> {
+        let base = self.text.as_ptr() as usize;
+        while let Some(raw) = seq.next_element::<&'de serde_json::value::RawValue>()? {
             let offset = (raw.get().as_ptr() as usize)
                 .saturating_sub(base)
-                .min(text.len());
-            let line = text[..offset].matches('\n').count() + 1;
+                .min(self.text.len());
+            let line = self.lines.line_of(offset as u64);
             let mut de = serde_json::Deserializer::from_str(raw.get());
             let spec = serde_path_to_error::deserialize::<_, MachineSpec>(&mut de).map_err(|e| {
                 let mut v = ValidationErrors::default();
                 v.push(json_path(e.path()), e.inner().to_string());
                 v
             });
-            ParsedRow {
+            (self.each)(ParsedRow {
                 line,
                 spec,
                 format: ImportFormat::Json,
-            }
+            });
+        }
+        Ok(())
+    }
+}
+
+fn json_rows(text: &str, each: &mut dyn FnMut(ParsedRow)) -> Result<(), RowError> {
+    use serde::Deserializer as _;
+    let refused = |e: serde_json::Error| RowError {
+        line: e.line(),
+        field: "-".into(),
+        message: format!("not a JSON array of machines: {e}"),
+    };
+    let mut de = serde_json::Deserializer::from_str(text);
+    (&mut de)
+        .deserialize_seq(JsonRows {
+            text,
+            lines: LineCounter::new(text),
+            each,
         })
-        .collect())
+        .map_err(refused)?;
+    de.end().map_err(refused)
 }
 
 /// A serde path as the API spells field paths (`interfaces[0].mac`).
@@ -208,7 +250,7 @@ pub fn json_path(p: &serde_path_to_error::Path) -> String {
     }
 }
 
-fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
+fn csv_rows(text: &str, each: &mut dyn FnMut(ParsedRow)) -> Result<(), RowError> {
     let mut rdr = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
         .flexible(false)
@@ -243,7 +285,6 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
             });
         }
     }
-    let mut rows = Vec::new();
     let mut lines = LineCounter::new(text);
     for rec in rdr.records() {
         let rec = rec.map_err(|e| RowError {
@@ -265,13 +306,13 @@ fn parse_csv(text: &str) -> Result<Vec<ParsedRow>, RowError> {
                 .filter(|s| !s.is_empty())
                 .map(str::to_string)
         };
-        rows.push(ParsedRow {
+        each(ParsedRow {
             line,
             spec: csv_row(&get),
             format: ImportFormat::Csv,
         });
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// Line numbers of byte offsets, counted incrementally (offsets only grow while reading a file).

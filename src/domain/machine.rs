@@ -428,11 +428,20 @@ impl Machine {
         }
     }
 
-    /// A short human name: the hostname, else the serial, else the id.
+    /// A short human name, as events and logs name machines: the host name, else the serial,
+    /// else the boot (or first) MAC address, else the SMBIOS UUID, else the id.
     pub fn display_name(&self) -> String {
+        let mac = self
+            .interfaces
+            .iter()
+            .find(|i| i.boot)
+            .or_else(|| self.interfaces.first())
+            .map(|i| i.mac.to_string());
         self.hostname
             .clone()
             .or_else(|| self.serial.clone())
+            .or(mac)
+            .or_else(|| self.smbios_uuid.map(|u| u.to_string()))
             .unwrap_or_else(|| self.id.to_string())
     }
 }
@@ -562,6 +571,31 @@ pub fn check_hostname(h: &str) -> Result<String, String> {
 }
 
 impl MachineSpec {
+    /// What the machine table's free-text search matches, lower-cased, one field a line: host
+    /// name, serial, asset tag, manufacturer, model, site, rack, cluster, then every NIC's MAC and
+    /// IPv4 in order. Stored beside the machine (`machines.search_text`) so a search reads one
+    /// column; keep in step with migration 0021's backfill.
+    pub fn search_text(&self) -> String {
+        let mut lines: Vec<String> = [
+            &self.hostname,
+            &self.serial,
+            &self.asset_tag,
+            &self.manufacturer,
+            &self.model,
+            &self.site,
+            &self.rack,
+            &self.cluster,
+        ]
+        .iter()
+        .map(|v| v.as_deref().unwrap_or("").to_lowercase())
+        .collect();
+        for i in &self.interfaces {
+            lines.push(i.mac.to_string());
+            lines.push(i.ipv4.map(|ip| ip.to_string()).unwrap_or_default());
+        }
+        lines.join("\n")
+    }
+
     /// Check and normalise a spec: trims text, lower-cases host names, checks every field and the
     /// rules between them (one boot NIC, no MAC or IP twice, pinned TLS has a fingerprint).
     pub fn validate(mut self) -> Result<MachineSpec, ValidationErrors> {

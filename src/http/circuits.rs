@@ -73,7 +73,7 @@ pub async fn set(
             &caller.actor(),
         )
         .await?;
-    tracing::info!(machine = %m.id, actor = %caller.actor(), relay = %req.relay, "dhcp circuit pin set");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), relay = %req.relay, "dhcp circuit pin set");
     Ok(Json(CircuitAnswer { dhcp_circuit: pin }))
 }
 
@@ -92,6 +92,6 @@ pub async fn clear(
     s.configs
         .set_circuit_pin(m.id, None, None, None, &caller.actor())
         .await?;
-    tracing::info!(machine = %m.id, actor = %caller.actor(), "dhcp circuit pin cleared");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), "dhcp circuit pin cleared");
     Ok(Json(CircuitAnswer { dhcp_circuit: None }))
 }

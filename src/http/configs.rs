@@ -5,9 +5,11 @@
 //! /api/v1/machines/{id}/provision` (open or close the provisioning window).
 //!
 //! Talos treats only 200 as success and retries anything else with back-off for hours, so the
-//! answers are deliberate and carry no detail: 200 with the config, 404 when nothing may be served
-//! to this machine now, 403 when a window is open but the request does not prove it is the
-//! machine. The reason is in the machine's events, never in the answer or the log line's URL.
+//! answers are deliberate and carry no detail: 200 with the config, and one answer for every
+//! refusal (404 with an empty body after the same minimum time, whether the id exists, a window is
+//! open, or the token, UUID or address is wrong), so a refusal tells which ids exist and which
+//! windows are open neither by its status nor by its timing; 503 only when the store cannot be
+//! read. The reason is in the machine's events, never in the answer or the log line's URL.
 
 use std::net::SocketAddr;
 
@@ -183,7 +185,7 @@ pub async fn approve(
     caller.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
     s.configs.approve(m.id, &req.code, &caller.actor()).await?;
-    tracing::info!(machine = %m.id, actor = %caller.actor(), "config release approved");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %caller.actor(), "config release approved");
     Ok(StatusCode::NO_CONTENT)
 }
 

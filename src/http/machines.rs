@@ -357,7 +357,9 @@ pub struct ImportResult {
 }
 
 /// Import many machines from CSV (`text/csv`) or a JSON array (`application/json`) as one
-/// transaction: either every row is imported, or none and every bad row is listed with its line.
+/// transaction: either every row is imported, or none and every bad row is listed with its line
+/// (the first 1,000). The rows are checked and written off the runtime threads, streamed in
+/// batches (`Inventory::import`).
 #[utoipa::path(post, path = "/api/v1/machines/import", tag = "machines", params(ImportParams),
     request_body(content = String, description = "CSV with a header row, or a JSON array of machines", content_type = "text/csv"),
     responses((status = 200, body = ImportResult), (status = 413, body = ErrorEnvelope), (status = 422, body = ErrorEnvelope, description = "bad rows; nothing imported")),
@@ -401,32 +403,20 @@ pub async fn import(
         ),
     };
     let bytes = body_bytes(req, &s).await?;
-    let text = std::str::from_utf8(&bytes)
-        .map_err(|e| ApiError::bad_field("body", format!("not UTF-8: {e}")))?;
-    let rows = import::parse(format, text)
-        .map_err(|e| ApiError::from(crate::service::ServiceError::ImportRejected(vec![e])))?;
-    let n = rows.len();
-    if let Some(key) = update_key {
-        let out = s
-            .inventory
-            .import_update(rows, key, &caller.actor())
-            .await?;
-        tracing::info!(rows = n, created = out.created.len(), updated = out.updated.len(),
-            unchanged = out.unchanged, actor = %caller.actor(), "import with update applied");
-        return Ok(Json(ImportResult {
-            imported: out.created.len(),
-            ids: out.created,
-            updated: Some(out.updated),
-            unchanged: Some(out.unchanged),
-        }));
-    }
-    let ids = s.inventory.import(rows, &caller.actor()).await?;
-    tracing::info!(rows = n, actor = %caller.actor(), "import applied");
+    tracing::info!(bytes = bytes.len(), format = ?format, update = update_key.is_some(),
+        actor = %caller.actor(), "import started");
+    let out = s
+        .inventory
+        .import(format, Vec::from(bytes), update_key, &caller.actor())
+        .await?;
+    tracing::info!(created = out.created.len(), updated = out.updated.len(),
+        unchanged = out.unchanged, update = update_key.is_some(), actor = %caller.actor(), "import applied");
+    let with_update = update_key.is_some();
     Ok(Json(ImportResult {
-        imported: ids.len(),
-        ids,
-        updated: None,
-        unchanged: None,
+        imported: out.created.len(),
+        ids: out.created,
+        updated: with_update.then_some(out.updated),
+        unchanged: with_update.then_some(out.unchanged),
     }))
 }
 

@@ -130,6 +130,7 @@ pub async fn stream(
         kind_prefix: p.kind,
         after: p.after.or(resume),
         token: Some(caller.0.id),
+        session: None,
     };
     let feed = s
         .events

@@ -31,6 +31,71 @@ pub struct Declared {
     pub groups: Vec<GroupSpec>,
     /// Machines.
     pub machines: Vec<DeclaredMachine>,
+    /// Where each object and inline patch was written, for errors.
+    pub locations: Locations,
+}
+
+/// Where the objects of a directory were written: errors point at `file:line` of the field.
+#[derive(Clone, Debug, Default)]
+pub struct Locations {
+    /// (kind, name), e.g. ("Profile", "dell-r650"), -> its document.
+    pub objects: HashMap<(String, String), DocLocation>,
+    /// The origin of an inline patch (`PatchSource::origin`) -> `file:line` of the patch.
+    pub patches: HashMap<String, String>,
+}
+
+impl Locations {
+    /// `file:line` of `field` (a path such as `installDisk.size`) of an object, if it was declared.
+    pub fn at(&self, kind: &str, name: &str, field: &str) -> Option<String> {
+        self.objects
+            .get(&(kind.to_string(), name.to_string()))
+            .map(|d| d.at(field))
+    }
+
+    /// Where a patch is: its file, or `file:line` of an inline patch.
+    pub fn patch(&self, origin: &str) -> String {
+        self.patches
+            .get(origin)
+            .cloned()
+            .unwrap_or_else(|| origin.to_string())
+    }
+}
+
+/// One YAML document: its file (relative to the directory), the line it starts on and the line
+/// of each field path in it (`interfaces[0].mac`, `installDisk.size`).
+#[derive(Clone, Debug, Default)]
+pub struct DocLocation {
+    /// File, relative to the inventory directory.
+    pub file: String,
+    /// Which document of the file (1-based).
+    pub index: usize,
+    /// Line the document starts on (1-based).
+    pub start: usize,
+    /// Field path -> line (1-based).
+    pub lines: HashMap<String, usize>,
+}
+
+impl DocLocation {
+    /// The line of `path`, or of its nearest parent that was written, or the document's first.
+    pub fn line_of(&self, path: &str) -> usize {
+        let mut p = path;
+        loop {
+            if let Some(l) = self.lines.get(p) {
+                return *l;
+            }
+            // Drop the last segment: `a.b[2].c` -> `a.b[2]` -> `a.b` -> `a` -> ``.
+            match p.rfind(['.', '[']) {
+                Some(i) => p = &p[..i],
+                None if !p.is_empty() => p = "",
+                None => return self.start,
+            }
+        }
+    }
+
+    /// `file:line` of `path`.
+    pub fn at(&self, path: &str) -> String {
+        format!("{}:{}", self.file, self.line_of(path))
+    }
 }
 
 /// A declared machine.
@@ -81,12 +146,126 @@ pub struct ApplyReport {
     pub objects: Vec<(String, Action)>,
     /// (machine, unified diff of its rendered config, secrets redacted).
     pub config_diffs: Vec<(String, String)>,
-    /// Machines whose config does not render or validate after the apply (nothing is written).
-    pub errors: Vec<String>,
+    /// Why configs do not render or validate after the apply (nothing is written then): one
+    /// entry per cause, with every machine it hits.
+    pub errors: Vec<ApplyProblem>,
     /// Warnings per machine, and objects the directory no longer declares.
     pub notes: Vec<String>,
     /// Whether the database was written.
     pub applied: bool,
+}
+
+/// One cause of configs that do not render, and the machines it hits.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ApplyProblem {
+    /// Where the cause is written: `file:line` of the field (or of an inline patch), a patch
+    /// file, or `inventory database` for what only the database holds.
+    pub at: String,
+    /// The field at fault, e.g. `installDisk.size`; empty when `at` says it all.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+    /// The machines whose config it stops, by name.
+    pub machines: Vec<String>,
+}
+
+/// Machines a problem names before the rest are left out.
+const NAMED_MACHINES: usize = 5;
+
+impl std::fmt::Display for ApplyProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", self.at)?;
+        if !self.field.is_empty() {
+            write!(f, "{}: ", self.field)?;
+        }
+        write!(f, "{}", self.message)?;
+        match self.machines.as_slice() {
+            [one] => write!(f, " (machine {one})"),
+            all => {
+                let shown = all
+                    .iter()
+                    .take(NAMED_MACHINES)
+                    .map(String::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let more = if all.len() > NAMED_MACHINES {
+                    ", …"
+                } else {
+                    ""
+                };
+                write!(f, " ({} machines: {shown}{more})", all.len())
+            }
+        }
+    }
+}
+
+/// Where a machine's config error comes from: the declared object and field at fault (or the
+/// patch), as (`at`, field, message).
+fn blame(
+    e: &super::error::MachineConfigError,
+    spec: &MachineSpec,
+    declared: bool,
+    locations: &Locations,
+) -> (String, String, String) {
+    use super::error::MachineConfigError as E;
+    const DATABASE: &str = "inventory database";
+    let host = spec.hostname.clone().unwrap_or_default();
+    let object = |kind: &str, name: Option<&str>, field: &str| match name {
+        Some(n) => locations
+            .at(kind, n, field)
+            .unwrap_or_else(|| format!("{DATABASE} ({} {n})", kind.to_lowercase())),
+        None => DATABASE.to_string(),
+    };
+    let machine = |field: &str| {
+        if declared {
+            object("Machine", Some(&host), field)
+        } else {
+            DATABASE.to_string()
+        }
+    };
+    let cluster = spec.cluster.as_deref();
+    match e {
+        E::NoCluster => (machine("cluster"), "cluster".into(), e.to_string()),
+        E::NoRole => (machine("role"), "role".into(), e.to_string()),
+        E::UnknownCluster(_) => (machine("cluster"), "cluster".into(), e.to_string()),
+        E::UnknownProfile(_) => (machine("profile"), "profile".into(), e.to_string()),
+        E::Cluster {
+            cluster: c,
+            field,
+            message,
+        } => (
+            object("Cluster", Some(c), field),
+            (*field).to_string(),
+            message.clone(),
+        ),
+        E::Secrets(m) => (
+            object("Cluster", cluster, "secrets"),
+            "secrets".into(),
+            m.clone(),
+        ),
+        E::Disk { rule, message } => {
+            let field = match rule {
+                Some(r) => format!("installDisk.{r}"),
+                None => "installDisk".into(),
+            };
+            (
+                object("Profile", spec.profile.as_deref(), &field),
+                field,
+                message.clone(),
+            )
+        }
+        E::Patch {
+            layer,
+            origin,
+            message,
+        } => (
+            locations.patch(origin),
+            String::new(),
+            format!("patch of layer {layer} does not apply: {message}"),
+        ),
+        E::Invalid(_) => (object("Cluster", cluster, ""), String::new(), e.to_string()),
+        E::Render(_) | E::Store(_) => (machine(""), String::new(), e.to_string()),
+    }
 }
 
 impl ApplyReport {
@@ -136,6 +315,11 @@ pub async fn apply(
     for (spec, secret) in &declared.clusters {
         let rec = configs.seal_cluster(spec.clone(), secret)?;
         let old = before.clusters.get(&spec.name);
+        if let Some(o) = old {
+            if let Some(problem) = version_step_back(&o.spec, spec) {
+                report.errors.push(problem);
+            }
+        }
         let action = match old {
             None => Action::Create,
             Some(o) if o.spec == rec.spec && o.secrets_sha256 == rec.secrets_sha256 => {
@@ -189,6 +373,7 @@ pub async fn apply(
         }
     }
     struct Planned {
+        declared: bool,
         existing: Option<usize>,
         spec_after: MachineSpec,
         patches_after: MachinePatches,
@@ -222,6 +407,7 @@ pub async fn apply(
         };
         report.objects.push((format!("Machine {host}"), action));
         planned.push(Planned {
+            declared: true,
             existing,
             spec_after,
             patches_after: d.patches.clone(),
@@ -236,6 +422,7 @@ pub async fn apply(
             continue;
         }
         planned.push(Planned {
+            declared: false,
             existing: Some(i),
             spec_after: m.spec(),
             patches_after: patches.get(&m.id).cloned().unwrap_or_default(),
@@ -276,7 +463,24 @@ pub async fn apply(
                     report.config_diffs.push((name, d));
                 }
             }
-            Err(e) => report.errors.push(format!("Machine {name}: {e}")),
+            Err(e) => {
+                // One entry per cause, however many machines it stops.
+                let (at, field, message) =
+                    blame(&e, &p.spec_after, p.declared, &declared.locations);
+                match report
+                    .errors
+                    .iter_mut()
+                    .find(|x| x.at == at && x.field == field && x.message == message)
+                {
+                    Some(x) => x.machines.push(name),
+                    None => report.errors.push(ApplyProblem {
+                        at,
+                        field,
+                        message,
+                        machines: vec![name],
+                    }),
+                }
+            }
         }
     }
     if dry_run || !report.errors.is_empty() {
@@ -313,6 +517,29 @@ pub async fn apply(
     configs.put_config_objects(&write, &[event]).await?;
     report.applied = true;
     Ok(report)
+}
+
+/// A declared `talosVersion` older than the one the database holds (a rolling upgrade moves the
+/// stored one forward): applying it would make later installs older than the nodes run.
+fn version_step_back(stored: &ClusterSpec, declared: &ClusterSpec) -> Option<String> {
+    let parse = |v: &str| v.parse::<crate::talos::TalosVersion>().ok();
+    let (now, then) = (
+        parse(&stored.talos_version)?,
+        parse(&declared.talos_version)?,
+    );
+    (then < now).then(|| {
+        format!(
+            "Cluster {}: talosVersion {} is older than {}, which the database holds (a rolling \
+             upgrade moved it there, or an earlier apply declared it): later installs would run an \
+             older Talos than the nodes; declare talosVersion: {} (and the schematic or installImage \
+             the upgrade left, see `plinth cluster upgrade {} --status`)",
+            declared.name,
+            declared.talos_version,
+            stored.talos_version,
+            stored.talos_version,
+            declared.name
+        )
+    })
 }
 
 /// A declared machine whose BMC moves to another origin loses its stored password (the directory

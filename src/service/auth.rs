@@ -72,6 +72,15 @@ pub fn csrf_matches(session_id: &str, presented: &str) -> bool {
             == 0
 }
 
+/// A fresh random value for the console's sign-in form (its pre-session cookie): 32 bytes,
+/// base64url. The form's CSRF token is [`csrf_token`] of it, so a form posted from another site
+/// (which cannot read or send the cookie) signs nobody in.
+pub fn sign_in_nonce() -> String {
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut raw);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+}
+
 /// A signed-in console session: the token it was minted from and when it ends.
 #[derive(Clone, Debug)]
 pub struct Session {

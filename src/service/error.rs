@@ -23,15 +23,37 @@ pub enum MachineConfigError {
     /// The profile is not declared.
     #[error("profile `{0}` is not declared")]
     UnknownProfile(String),
-    /// Declared data that does not make sense.
-    #[error("{0}")]
-    Declaration(String),
+    /// A field of a declared cluster that does not make sense (its Talos version, schematic).
+    #[error("cluster `{cluster}` {field}: {message}")]
+    Cluster {
+        /// The cluster.
+        cluster: String,
+        /// Its field, as the inventory directory spells it (`talosVersion`).
+        field: &'static str,
+        /// What is wrong.
+        message: String,
+    },
     /// The secrets could not be opened or generated from.
     #[error("cluster secrets: {0}")]
     Secrets(String),
-    /// The install disk could not be decided.
-    #[error("install disk: {0}")]
-    Disk(String),
+    /// The install disk could not be decided from the profile's rules and the machine's disks.
+    #[error("install disk: {message}")]
+    Disk {
+        /// The rule of the profile's `installDisk` at fault (`size`), when one is.
+        rule: Option<&'static str>,
+        /// What is wrong.
+        message: String,
+    },
+    /// A patch does not load or does not apply.
+    #[error("patch {origin} (layer {layer}): {message}")]
+    Patch {
+        /// The layer (`cluster`, `role:worker`, `rack:r12`, `profile:dell`, `machine`).
+        layer: String,
+        /// The patch: its file, or `file#document field[i]` for an inline one.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
     /// Patching or writing the facts failed.
     #[error("render: {0}")]
     Render(String),

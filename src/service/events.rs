@@ -2,7 +2,8 @@
 //! stream (and any live view). It reads the log through the events port, so it shows what every
 //! instance sharing the database did, from a given event id on (a reconnecting client resumes
 //! where it stopped); it ends when the server shuts down, and when the token it was opened with
-//! is revoked or expires, so a revoked credential stops receiving the fleet's events.
+//! is revoked or expires, so a revoked credential stops receiving the fleet's events (and, for a
+//! console page, when the console session it was opened in signs out or expires).
 //!
 //! Imports `domain` and the ports.
 
@@ -35,6 +36,9 @@ pub struct Follow {
     pub after: Option<i64>,
     /// The token the follower authenticated with: the feed ends when it stops being live.
     pub token: Option<Uuid>,
+    /// The console session (the SHA-256 of its id) the follower signed in with: the feed ends
+    /// when it signs out or expires (or its token stops being live).
+    pub session: Option<Vec<u8>>,
 }
 
 /// The live event feed use case.
@@ -88,7 +92,7 @@ impl EventFeed {
                 }
                 if c.checked.elapsed() >= RECHECK {
                     c.checked = tokio::time::Instant::now();
-                    if !c.feed.still_allowed(c.what.token).await {
+                    if !c.feed.still_allowed(&c.what).await {
                         return None;
                     }
                 }
@@ -114,16 +118,18 @@ impl EventFeed {
         }))
     }
 
-    /// Is the follower's token still live? A revoked or expired token ends the feed, and so does
-    /// a check that cannot be made (the client reconnects and authenticates again).
-    async fn still_allowed(&self, token: Option<Uuid>) -> bool {
-        let Some(id) = token else { return true };
-        match self.tokens.live_token(id).await {
-            Ok(live) => live.is_some(),
-            Err(e) => {
-                tracing::warn!(error = %e, "event feed: token check failed; ending the feed");
-                false
-            }
-        }
+    /// Is the follower's token (and console session) still live? A revoked or expired token, a
+    /// session signed out or expired, ends the feed, and so does a check that cannot be made (the
+    /// client reconnects and authenticates again).
+    async fn still_allowed(&self, what: &Follow) -> bool {
+        let checked = match (&what.session, what.token) {
+            (Some(hash), _) => self.tokens.session_by_hash(hash).await.map(|s| s.is_some()),
+            (None, Some(id)) => self.tokens.live_token(id).await.map(|t| t.is_some()),
+            (None, None) => return true,
+        };
+        checked.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "event feed: token check failed; ending the feed");
+            false
+        })
     }
 }

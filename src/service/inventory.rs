@@ -12,7 +12,6 @@
 //! Passwords sealed before this binding (machine id only) are re-sealed once, at start, by
 //! `reseal_bmc_passwords`.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -20,16 +19,19 @@ use serde_json::{json, Value};
 use super::error::ServiceError;
 use super::ports::{
     ConfigStore, Event, EventFilter, EventStore, MachineFilter, MachinePage, MachineRecord,
-    MachineStore, MachineUpdate, NewEvent, PasswordChange, StoreError, StoreHealth,
+    MachineStore, NewEvent, PasswordChange, StoreError, StoreHealth,
 };
 use super::secrets::SecretBox;
-use crate::domain::import::{ImportKey, ParsedRow, RowError as DomainRowError};
+use crate::domain::import::ParsedRow;
 use crate::domain::{
     spec_diff, unique_keys, Conflict, LifecycleState, Machine, MachineId, MachineRef, MachineSpec,
     UniqueKey, ValidationErrors,
 };
 
 pub use crate::domain::import::RowError;
+pub use import::{ImportOutcome, IMPORT_BATCH, MAX_ROW_ERRORS};
+
+mod import;
 
 /// A row of a bulk import, as the service receives it.
 pub type ImportRow = ParsedRow;
@@ -88,17 +90,6 @@ pub enum DatabaseHealth {
     /// Reads work, the heartbeat write did not (a full disk, a read-only file or replica, a lock
     /// held too long).
     ReadOnly(String),
-}
-
-/// What an `import --update` did.
-#[derive(Clone, Debug, Default)]
-pub struct ImportOutcome {
-    /// Machines created (rows that matched none), in file order.
-    pub created: Vec<MachineId>,
-    /// Machines replaced by their row, in file order.
-    pub updated: Vec<MachineId>,
-    /// Rows that matched a machine already exactly like them.
-    pub unchanged: usize,
 }
 
 /// What `reseal_bmc_passwords` did.
@@ -438,7 +429,7 @@ impl Inventory {
         {
             Ok(machine) => {
                 if let Some(moved) = &moved {
-                    tracing::info!(machine = %id, from = %moved.from, to = %moved.to, actor,
+                    tracing::info!(machine = %id, name = %machine.display_name(), from = %moved.from, to = %moved.to, actor,
                         "BMC origin changed; its stored password was discarded");
                 }
                 Ok(Edited { machine, notices })
@@ -469,221 +460,6 @@ impl Inventory {
             detail: json!({"name": current.display_name(), "changes": spec_diff(Some(&current.spec()), None)}),
         };
         Ok(self.machines.delete_machine(id, expected, &event).await?)
-    }
-
-    /// Import many machines as one transaction. Every bad row is reported (line, field, message) and
-    /// then nothing is imported.
-    pub async fn import(
-        &self,
-        rows: Vec<ImportRow>,
-        actor: &str,
-    ) -> Result<Vec<MachineId>, ServiceError> {
-        let mut errors: Vec<DomainRowError> = Vec::new();
-        let mut good: Vec<(ImportRow, MachineSpec)> = Vec::new();
-        for row in rows {
-            match row.spec.clone().and_then(|s| s.validate()) {
-                Ok(spec) => good.push((row, spec)),
-                Err(e) => errors.extend(e.0.into_iter().map(|fe| RowError {
-                    line: row.line,
-                    field: fe.field,
-                    message: fe.message,
-                })),
-            }
-        }
-        // Unique values repeated inside the file.
-        let mut seen: HashMap<UniqueKey, usize> = HashMap::new();
-        let mut all_keys = Vec::new();
-        for (row, spec) in &good {
-            for (path, key) in unique_keys(spec) {
-                let field = row.field_name(&path);
-                if let Some(first) = seen.get(&key) {
-                    errors.push(RowError {
-                        line: row.line,
-                        field,
-                        message: format!("{key} is also on line {first}"),
-                    });
-                } else {
-                    seen.insert(key.clone(), row.line);
-                    all_keys.push((row.line, field, key));
-                }
-            }
-        }
-        // Unique values already in the inventory.
-        let plain: Vec<UniqueKey> = all_keys.iter().map(|(_, _, k)| k.clone()).collect();
-        let mut owners: HashMap<UniqueKey, MachineRef> = HashMap::new();
-        for chunk in plain.chunks(2000) {
-            owners.extend(self.machines.owners(chunk).await?);
-        }
-        for (line, field, key) in &all_keys {
-            if let Some(owner) = owners.get(key) {
-                errors.push(RowError {
-                    line: *line,
-                    field: field.clone(),
-                    message: format!(
-                        "{key} already belongs to machine {} ({})",
-                        owner.name, owner.id
-                    ),
-                });
-            }
-        }
-        if !errors.is_empty() {
-            errors.sort_by_key(|e| e.line);
-            return Err(ServiceError::ImportRejected(errors));
-        }
-        let records: Vec<(MachineId, MachineRecord)> = good
-            .into_iter()
-            .map(|(_, spec)| {
-                let id = MachineId::new();
-                (id, self.record(id, spec, false))
-            })
-            .collect();
-        let ids = records.iter().map(|(id, _)| *id).collect();
-        match self.machines.import_machines(&records, actor).await {
-            Ok(()) => Ok(ids),
-            Err(StoreError::Conflict(_)) => Err(ServiceError::ImportRejected(vec![RowError {
-                line: 0,
-                field: "-".into(),
-                message:
-                    "another writer registered the same values meanwhile; nothing imported, retry"
-                        .into(),
-            }])),
-            Err(e) => Err(e.into()),
-        }
-    }
-
-    /// Import with update (`import --update`): a row whose `key` value belongs to a machine
-    /// replaces that machine's spec (state, id and history kept; a BMC password the row does not
-    /// give is kept unless the BMC's origin moved), the other rows are created; one transaction.
-    /// Every bad row is reported and then nothing changes: a row without the key, a unique value
-    /// repeated in the file, or one that belongs to a machine other than the row's own.
-    pub async fn import_update(
-        &self,
-        rows: Vec<ImportRow>,
-        key: ImportKey,
-        actor: &str,
-    ) -> Result<ImportOutcome, ServiceError> {
-        let mut errors: Vec<DomainRowError> = Vec::new();
-        let mut good: Vec<(ImportRow, MachineSpec, UniqueKey)> = Vec::new();
-        for row in rows {
-            match row.spec.clone().and_then(|s| s.validate()) {
-                Ok(spec) => match key.of(&spec) {
-                    Some(k) => good.push((row, spec, k)),
-                    None => errors.push(RowError {
-                        line: row.line,
-                        field: row.field_name(key.field()),
-                        message: "required: --update matches rows to machines by it".into(),
-                    }),
-                },
-                Err(e) => errors.extend(e.0.into_iter().map(|fe| RowError {
-                    line: row.line,
-                    field: fe.field,
-                    message: fe.message,
-                })),
-            }
-        }
-        let mut seen: HashMap<UniqueKey, usize> = HashMap::new();
-        let mut all_keys = Vec::new();
-        for (i, (row, spec, _)) in good.iter().enumerate() {
-            for (path, k) in unique_keys(spec) {
-                let field = row.field_name(&path);
-                if let Some(first) = seen.get(&k) {
-                    errors.push(RowError {
-                        line: row.line,
-                        field,
-                        message: format!("{k} is also on line {first}"),
-                    });
-                } else {
-                    seen.insert(k.clone(), row.line);
-                    all_keys.push((i, field, k));
-                }
-            }
-        }
-        let plain: Vec<UniqueKey> = all_keys.iter().map(|(_, _, k)| k.clone()).collect();
-        let mut owners: HashMap<UniqueKey, MachineRef> = HashMap::new();
-        for chunk in plain.chunks(2000) {
-            owners.extend(self.machines.owners(chunk).await?);
-        }
-        // The machine each row replaces: the owner of its key value.
-        let matched: Vec<Option<MachineId>> = good
-            .iter()
-            .map(|(_, _, k)| owners.get(k).map(|o| o.id))
-            .collect();
-        for (i, field, k) in &all_keys {
-            if let Some(owner) = owners.get(k) {
-                if Some(owner.id) != matched[*i] {
-                    errors.push(RowError {
-                        line: good[*i].0.line,
-                        field: field.clone(),
-                        message: format!(
-                            "{k} already belongs to machine {} ({})",
-                            owner.name, owner.id
-                        ),
-                    });
-                }
-            }
-        }
-        if !errors.is_empty() {
-            errors.sort_by_key(|e| e.line);
-            return Err(ServiceError::ImportRejected(errors));
-        }
-        let mut out = ImportOutcome::default();
-        let mut creates = Vec::new();
-        let mut updates = Vec::new();
-        for ((_, spec, _), matched) in good.into_iter().zip(matched) {
-            let Some(id) = matched else {
-                let id = MachineId::new();
-                creates.push((id, self.record(id, spec, false)));
-                out.created.push(id);
-                continue;
-            };
-            let current = self.get(id).await?;
-            let before = current.spec();
-            let moved = bmc_moved(&current, &spec);
-            let mut changes = spec_diff(Some(&before), Some(&spec));
-            let password_given = spec.bmc.as_ref().is_some_and(|b| b.password.is_some());
-            if changes.as_object().is_some_and(|c| c.is_empty()) && !password_given {
-                out.unchanged += 1;
-                continue;
-            }
-            if let (Some(m), Value::Object(c)) = (&moved, &mut changes) {
-                c.insert(
-                    "bmc.password".into(),
-                    json!(format!(
-                        "discarded: the BMC origin changed from {} to {}",
-                        m.from, m.to
-                    )),
-                );
-            }
-            updates.push(MachineUpdate {
-                id,
-                expected_version: current.version,
-                rec: self.record(id, spec, moved.is_some()),
-                event: NewEvent {
-                    machine_id: Some(id),
-                    kind: "machine.updated".into(),
-                    actor: actor.into(),
-                    detail: json!({"version": current.version + 1, "import": true, "changes": changes}),
-                },
-            });
-            out.updated.push(id);
-        }
-        match self
-            .machines
-            .import_and_update(&creates, &updates, actor)
-            .await
-        {
-            Ok(()) => Ok(out),
-            Err(StoreError::Conflict(_) | StoreError::VersionMismatch { .. }) => {
-                Err(ServiceError::ImportRejected(vec![RowError {
-                    line: 0,
-                    field: "-".into(),
-                    message: "another writer changed the same machines or values meanwhile; \
-                              nothing imported, retry"
-                        .into(),
-                }]))
-            }
-            Err(e) => Err(e.into()),
-        }
     }
 
     /// Move a machine to another lifecycle state. Refused (`InvalidTransition`) when the lifecycle
@@ -889,7 +665,7 @@ impl Inventory {
                 return Ok(());
             }
             let Ok(plain) = self.secrets.open(&legacy_password_context(id), &sealed) else {
-                tracing::warn!(machine = %id, "stored BMC password opens neither for its origin nor as a legacy value; left as it is");
+                tracing::warn!(machine = %id, name = %m.display_name(), "stored BMC password opens neither for its origin nor as a legacy value; left as it is");
                 done.unreadable += 1;
                 return Ok(());
             };

@@ -3,7 +3,10 @@
 //! count rides on the next event written (`"suppressed": n`), so a flood of refused config fetches
 //! or foreign script requests cannot bury a machine's timeline, and nothing is silently lost.
 //! [`Buckets`] is the rate form of the same bound: token buckets per key (a source network, say),
-//! for writes that may come in bursts, such as machines discovered when a rack powers on.
+//! for writes that may come in bursts, such as machines discovered when a rack powers on; and
+//! [`Budget`] both at once, a burst then a rate with the refused writes counted into the next
+//! one, for a machine's boot steps and boot-script requests (a boot makes a few; a flood of
+//! script requests or spoofed TFTP reads makes thousands).
 //! Memory is bounded: two generations of at most [`GENERATION`] keys each, O(1) per check.
 
 use std::collections::HashMap;
@@ -136,6 +139,65 @@ impl Buckets {
     }
 }
 
+/// Key -> tokens left, when they were counted, and writes refused since the key's last one.
+type Counted = HashMap<u64, (f64, Instant, u64)>;
+
+/// Token buckets per key that count what they refuse, for writes that come in bursts but must
+/// not flood (a machine's boot steps, its boot-script requests): `burst` at once, then
+/// `per_second`; a refused write is counted and the count rides on the key's next write.
+pub struct Budget {
+    per_second: f64,
+    burst: f64,
+    /// Two generations of keys.
+    slots: Mutex<(Counted, Counted)>,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget")
+            .field("per_second", &self.per_second)
+            .field("burst", &self.burst)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Budget {
+    /// Buckets of `burst` writes (at least one) refilled at `per_second`.
+    pub fn new(per_second: f64, burst: f64) -> Self {
+        Budget {
+            per_second: per_second.max(0.0),
+            burst: burst.max(1.0),
+            slots: Mutex::default(),
+        }
+    }
+
+    /// May `key` write now? `Some(n)`: yes, and `n` of its writes were refused since its last
+    /// one; `None`: not now (counted).
+    pub fn admit(&self, key: &impl Hash) -> Option<u64> {
+        let k = key_of(key);
+        let now = Instant::now();
+        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let (young, old) = &mut *slots;
+        let (tokens, at, refused) = young
+            .get(&k)
+            .copied()
+            .or_else(|| old.remove(&k))
+            .unwrap_or((self.burst, now, 0));
+        let tokens =
+            (tokens + now.duration_since(at).as_secs_f64() * self.per_second).min(self.burst);
+        let (slot, answer) = if tokens >= 1.0 {
+            ((tokens - 1.0, now, 0), Some(refused))
+        } else {
+            ((tokens, now, refused + 1), None)
+        };
+        if young.len() >= GENERATION && !young.contains_key(&k) {
+            *old = std::mem::take(young);
+        }
+        young.insert(k, slot);
+        answer
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,6 +223,24 @@ mod tests {
         assert_eq!(t.admit(&("m1", "10.0.0.8")), Some(0), "another source");
         std::thread::sleep(Duration::from_millis(250));
         assert_eq!(t.admit(&("m1", "10.0.0.9")), Some(50));
+    }
+
+    #[test]
+    fn a_budget_allows_a_burst_then_counts_what_it_refuses() {
+        let b = Budget::new(0.0, 3.0);
+        let answers: Vec<Option<u64>> = (0..6).map(|_| b.admit(&"m1")).collect();
+        assert_eq!(answers, [Some(0), Some(0), Some(0), None, None, None]);
+        assert_eq!(b.admit(&"m2"), Some(0), "another key has its own budget");
+        let b = Budget::new(1000.0, 1.0);
+        assert_eq!(b.admit(&"m1"), Some(0));
+        assert_eq!(b.admit(&"m1"), None);
+        assert_eq!(b.admit(&"m1"), None);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            b.admit(&"m1"),
+            Some(2),
+            "refilled, with the count of the refused"
+        );
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub struct Workflows {
     reinstalls: Arc<dyn ReinstallStore>,
     events: Arc<dyn EventStore>,
     clusters: Clusters,
+    upgrades: Arc<dyn super::ports::upgrades::UpgradeStore>,
     settings: WorkflowSettings,
     measured: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, DateTime<Utc>>>>,
 }
@@ -139,8 +140,9 @@ fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> N
 }
 
 impl Workflows {
-    /// Over the inventory, configs and BMCs, the reinstall rows, the event log and the clusters
-    /// (the Talos API).
+    /// Over the inventory, configs and BMCs, the reinstall rows, the event log, the clusters
+    /// (the Talos API) and the upgrade rollouts (a reinstall waits for one).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inventory: Inventory,
         configs: ConfigService,
@@ -148,6 +150,7 @@ impl Workflows {
         reinstalls: Arc<dyn ReinstallStore>,
         events: Arc<dyn EventStore>,
         clusters: Clusters,
+        upgrades: Arc<dyn super::ports::upgrades::UpgradeStore>,
         settings: WorkflowSettings,
     ) -> Self {
         Workflows {
@@ -157,6 +160,7 @@ impl Workflows {
             reinstalls,
             events,
             clusters,
+            upgrades,
             settings,
             measured: std::sync::Arc::default(),
         }
@@ -201,6 +205,18 @@ impl Workflows {
         let Some(cluster) = &m.cluster else {
             return Ok(());
         };
+        // A rollout takes nodes down one at a time by its own rules: a reinstall beside it could
+        // take a second control plane (or a rack's last worker) down.
+        match self.upgrades.latest_rollout(cluster).await {
+            Ok(Some((r, _))) if r.state.is_active() => {
+                return Err(format!(
+                    "cluster {cluster} has an upgrade rollout to {} ({}, {}): reinstalls wait until it ends (plinth cluster upgrade {cluster} --status)",
+                    r.to_version, r.state, r.id
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("the upgrade rollouts cannot be read: {e}")),
+        }
         let machines = self
             .cluster_machines(cluster)
             .await
@@ -379,7 +395,7 @@ impl Workflows {
         } else {
             "this machine has no BMC: power-cycle it now and let it boot from the network".into()
         };
-        tracing::info!(machine = %id, actor, automatic, attempt, "reinstall started");
+        tracing::info!(machine = %id, name = %m.display_name(), actor, automatic, attempt, "reinstall started");
         Ok(Started {
             reinstall: r,
             next,
@@ -446,7 +462,7 @@ impl Workflows {
             }
         }
         let m = self.inventory.get(id).await?;
-        tracing::info!(machine = %id, actor, stage = stage.map(Stage::as_str), "reinstall cancelled");
+        tracing::info!(machine = %id, name = %m.display_name(), actor, stage = stage.map(Stage::as_str), "reinstall cancelled");
         Ok(Cancelled {
             state: m.state,
             stage,
@@ -511,6 +527,14 @@ impl Workflows {
         self.inventory.delete(id, Some(now.version), actor).await
     }
 
+    /// A machine's name for a log line (its id when it cannot be read).
+    async fn name_of(&self, id: MachineId) -> String {
+        match self.inventory.get(id).await {
+            Ok(m) => m.display_name(),
+            Err(_) => id.to_string(),
+        }
+    }
+
     /// A machine's current or last reinstall.
     pub async fn status(&self, id: MachineId) -> Result<Option<Reinstall>, ServiceError> {
         Ok(self.reinstalls.reinstall(id).await?)
@@ -521,7 +545,8 @@ impl Workflows {
     pub async fn tick(&self) -> Result<(), ServiceError> {
         for r in self.reinstalls.active_reinstalls().await? {
             if let Err(e) = self.step(r.clone()).await {
-                tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %e, "reinstall step failed");
+                let name = self.name_of(r.machine_id).await;
+                tracing::warn!(machine = %r.machine_id, %name, stage = r.stage.as_str(), error = %e, "reinstall step failed");
             }
         }
         if let Err(e) = self.clusters.bootstrap_pending().await {
@@ -631,7 +656,8 @@ impl Workflows {
             .await?
             .is_some()
         {
-            tracing::warn!(machine = %r.machine_id, stage = r.stage.as_str(), error = %why, "reinstall failed");
+            let name = self.name_of(r.machine_id).await;
+            tracing::warn!(machine = %r.machine_id, %name, stage = r.stage.as_str(), error = %why, "reinstall failed");
         }
         Ok(())
     }

@@ -47,6 +47,9 @@ mod talos_state;
 #[path = "sql/tokens.rs"]
 mod tokens;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/upgrades.rs"]
+mod upgrades;
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/write.rs"]
 mod write;
 
@@ -56,6 +59,11 @@ type Db = sqlx::Postgres;
 type Row = sqlx::postgres::PgRow;
 /// A connection of `Db`.
 type Connection = sqlx::PgConnection;
+/// The migrations of this dialect, embedded in the binary.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
+/// Whether sqlx's table of applied migrations exists (a count, 0 or 1).
+const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT COUNT(*) FROM information_schema.tables WHERE table_name = '_sqlx_migrations' AND table_schema = current_schema()";
 /// A transaction of `Db`.
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
@@ -72,8 +80,10 @@ pub struct PgStore {
     group_commit: GroupCommit,
 }
 
-/// Connections of DHCP's pool (one for the group commit, the rest for look-ups).
+/// Connections of DHCP's pool (the group commit's writers, the rest for look-ups).
 const LEASE_CONNECTIONS: u32 = 4;
+/// Group-commit writers (transactions under way at once).
+const LEASE_WRITERS: usize = 1;
 
 impl PgStore {
     /// Connect and migrate.
@@ -90,7 +100,7 @@ impl PgStore {
             .connect_with(connect.clone())
             .await?;
         if opts.migrate {
-            sqlx::migrate!("migrations/postgres")
+            MIGRATOR
                 .run(&pool)
                 .await
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;
@@ -101,7 +111,7 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
         Ok(Self {
-            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone())),
+            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone()), LEASE_WRITERS),
             write: pool.clone(),
             read: pool,
             lease_read,

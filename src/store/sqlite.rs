@@ -49,6 +49,9 @@ mod talos_state;
 #[path = "sql/tokens.rs"]
 mod tokens;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/upgrades.rs"]
+mod upgrades;
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/write.rs"]
 mod write;
 
@@ -58,6 +61,11 @@ type Db = sqlx::Sqlite;
 type Row = sqlx::sqlite::SqliteRow;
 /// A connection of `Db`.
 type Connection = sqlx::SqliteConnection;
+/// The migrations of this dialect, embedded in the binary.
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/sqlite");
+/// Whether sqlx's table of applied migrations exists (a count, 0 or 1).
+const MIGRATIONS_TABLE_EXISTS: &str =
+    "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'";
 /// A transaction of `Db`.
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
@@ -153,7 +161,7 @@ impl SqliteStore {
             .connect_with(connect.clone())
             .await?;
         if opts.migrate {
-            sqlx::migrate!("migrations/sqlite")
+            MIGRATOR
                 .run(&write)
                 .await
                 .map_err(|e| StoreError::Backend(format!("migration: {e}")))?;
@@ -174,7 +182,7 @@ impl SqliteStore {
             p.push(suffix);
             tighten(std::path::Path::new(&p))?;
         }
-        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()));
+        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()), 1);
         Ok(Self {
             write,
             read,

@@ -74,6 +74,20 @@ pub enum DiskError {
     },
 }
 
+impl DiskError {
+    /// The rule of `installDisk` at fault, as the inventory spells it (`size`), when the error is
+    /// about one rule rather than the machine's disks.
+    pub fn rule(&self) -> Option<&'static str> {
+        match self {
+            DiskError::BadSize { .. } => Some("size"),
+            DiskError::Untranslatable { reason, .. } if reason.contains("diskSelector.size") => {
+                Some("size")
+            }
+            _ => None,
+        }
+    }
+}
+
 fn list(disks: &[DiskReport]) -> String {
     if disks.is_empty() {
         return "(none known)".into();

@@ -128,7 +128,7 @@ fn rand_suffix() -> String {
     uuid::Uuid::new_v4().simple().to_string()
 }
 
-async fn register(data: &Path, key: &Path, hostname: &str, mac: &str, ip: Option<&str>) {
+pub(crate) async fn register(data: &Path, key: &Path, hostname: &str, mac: &str, ip: Option<&str>) {
     let url = format!("sqlite://{}", data.join("plinth.db").display());
     std::fs::create_dir_all(data).expect("data dir");
     let store = plinth::store::open(&plinth::store::StoreOptions {

@@ -33,6 +33,7 @@ fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
         relay_agents: vec![RELAY.parse().expect("ip")],
         unknown_permille: 500,
         leases_per_circuit: 4,
+        router_advert: None,
     }
 }
 
@@ -368,6 +369,29 @@ async fn relayed_requests_record_option_82(b: Backend) {
         svc.handle(&d).await.expect("d"),
         Outcome::Silent("no_subnet")
     );
+    // Option 82 is the relay agent's (RFC 3046): a client on the local segment that writes one
+    // itself gets its lease, and the circuit it claims is not stored (issue 15, finding 6).
+    let mut own = req(RequestKind::Discover, "52:54:00:22:00:02");
+    own.source = "10.20.0.77".parse().expect("ip");
+    own.circuit_id = Some(b"Gi1/0/7".to_vec());
+    own.remote_id = Some(b"leaf-12".to_vec());
+    let offer = reply(svc.handle(&own).await.expect("discover"));
+    let mut r = own.clone();
+    r.kind = RequestKind::Request;
+    r.requested_ip = Some(offer.yiaddr);
+    r.server_id = Some(offer.server_ip);
+    assert_eq!(
+        reply(svc.handle(&r).await.expect("request")).kind,
+        ReplyKind::Ack
+    );
+    let l = st
+        .leases
+        .lease_by_ip(offer.yiaddr)
+        .await
+        .expect("l")
+        .expect("row");
+    assert_eq!(l.relay_circuit_id, None, "{l:?}");
+    assert_eq!(l.relay_remote_id, None, "{l:?}");
     db.drop_db().await;
 }
 

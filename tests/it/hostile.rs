@@ -210,6 +210,171 @@ async fn a_random_mac_flood_registers_a_bounded_number_of_machines() {
     srv.finish().await;
 }
 
+/// Finding 6 (events): 20,000 refused config fetches buried a machine's boot timeline, one event
+/// each. A flood of 600 refused fetches for one machine from one address now writes one
+/// `config.refused` event (the ones after it within the minute are counted into the next one's
+/// `suppressed`), another address gets its own, and the machine's timeline stays readable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refused_config_fetches_writes_a_bounded_number_of_events() {
+    use futures::StreamExt;
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let m: serde_json::Value = srv
+        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
+        .json(&serde_json::json!({"hostname": "victim", "interfaces": [{"mac": "52:54:00:4f:00:09"}]}))
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = m["id"].as_str().expect("id").to_string();
+    let client_from = |local: &str| {
+        reqwest::Client::builder()
+            .local_address(Some(local.parse().expect("ip")))
+            .build()
+            .expect("client")
+    };
+    let flood = client_from("127.0.0.1");
+    let statuses: Vec<u16> = futures::stream::iter(0..600u32)
+        .map(|i| {
+            let url = srv.url(&format!("/config/{id}?token=guess-{i}&uuid=x"));
+            let c = flood.clone();
+            async move {
+                c.get(url)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|s| *s == 404), "{statuses:?}");
+    let other = client_from("127.0.0.2")
+        .get(srv.url(&format!("/config/{id}?token=guess&uuid=x")))
+        .send()
+        .await
+        .expect("fetch");
+    assert_eq!(other.status().as_u16(), 404);
+    let events: serde_json::Value = srv
+        .req(
+            reqwest::Method::GET,
+            &format!("/api/v1/events?machine={id}&kind=config.refused&limit=1000"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    let events = events.as_array().expect("list");
+    let mut from: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e["detail"]["from"].as_str())
+        .collect();
+    from.sort();
+    assert_eq!(from, ["127.0.0.1", "127.0.0.2"], "{events:?}");
+    for e in events {
+        assert_eq!(e["detail"]["reason"], "no open provisioning window", "{e}");
+    }
+    let timeline: serde_json::Value = srv
+        .req(
+            reqwest::Method::GET,
+            &format!("/api/v1/machines/{id}/timeline"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("timeline")
+        .json()
+        .await
+        .expect("json");
+    let steps = timeline.as_array().map_or(0, Vec::len);
+    assert!(steps <= 5, "the timeline holds {steps} entries: {timeline}");
+    srv.finish().await;
+}
+
+/// Finding 6 (events), boot scripts: `GET /boot/machine.ipxe?mac=M` needs nothing but a MAC, and
+/// every request wrote a `boot.script` event. 400 requests for one machine from one address now
+/// write a burst of them (at most 10, and one more every 6 s); another address has its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_boot_script_requests_writes_a_bounded_number_of_events() {
+    use futures::StreamExt;
+    let srv = TestServer::start(Backend::Sqlite).await;
+    let m: serde_json::Value = srv
+        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
+        .json(
+            &serde_json::json!({"hostname": "known", "interfaces": [{"mac": "52:54:00:4f:00:0a"}]}),
+        )
+        .send()
+        .await
+        .expect("create")
+        .json()
+        .await
+        .expect("json");
+    let id = m["id"].as_str().expect("id").to_string();
+    let client_from = |local: &str| {
+        reqwest::Client::builder()
+            .local_address(Some(local.parse().expect("ip")))
+            .build()
+            .expect("client")
+    };
+    let url = srv.url("/boot/machine.ipxe?mac=52-54-00-4f-00-0a&buildarch=x86_64&platform=efi");
+    let flood = client_from("127.0.0.1");
+    let statuses: Vec<u16> = futures::stream::iter(0..400u32)
+        .map(|_| {
+            let c = flood.clone();
+            let url = url.clone();
+            async move {
+                c.get(url)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let other = client_from("127.0.0.2")
+        .get(&url)
+        .send()
+        .await
+        .expect("script");
+    assert_eq!(other.status().as_u16(), 200);
+    let events: serde_json::Value = srv
+        .req(
+            reqwest::Method::GET,
+            &format!("/api/v1/events?machine={id}&kind=boot.&limit=1000"),
+            &srv.viewer,
+        )
+        .send()
+        .await
+        .expect("events")
+        .json()
+        .await
+        .expect("json");
+    let events = events.as_array().expect("list");
+    let from = |ip: &str| {
+        events
+            .iter()
+            .filter(|e| {
+                e["detail"]["from"]
+                    .as_str()
+                    .is_some_and(|f| f.starts_with(ip))
+            })
+            .count()
+    };
+    let (flooded, other) = (from("127.0.0.1"), from("127.0.0.2"));
+    eprintln!("400 script requests wrote {flooded} events; another address {other}");
+    assert!((1..=15).contains(&flooded), "{flooded} events: {events:?}");
+    assert_eq!(other, 1, "{events:?}");
+    srv.finish().await;
+}
+
 const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 
 /// Holds idle TCP connections to the main port and the image door and sends TFTP read requests it
@@ -352,7 +517,8 @@ lease_seconds = 600
     ])
     .stdin(Stdio::piped())
     .stdout(Stdio::piped());
-    let attacker = lab.spawn(cmd);
+    // It holds everything until its stdin (this pipe) closes.
+    let attacker = lab.spawn_as_is(cmd);
     let mut line = String::new();
     std::io::BufReader::new(attacker.stdout.take().expect("stdout"))
         .read_line(&mut line)
@@ -427,4 +593,343 @@ lease_seconds = 600
     );
     drop(_hold);
     lab.stop_all();
+}
+
+/// Sends DHCPDISCOVERs from a new MAC each (`02:aa:` and a counter) at a steady rate, broadcast
+/// out of the interface it is given, until its stdin closes (at most three million).
+const FLOODER: &str = r#"
+import select, socket, struct, sys, time
+ifname, rate = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, ifname.encode())
+s.bind(("0.0.0.0", 6868))
+tail = b"\0" * 10 + b"\0" * 192 + b"\x63\x82\x53\x63" + bytes([53, 1, 1, 255])
+n, start = 0, time.monotonic()
+print("ready", flush=True)
+while n < 3000000:
+    for _ in range(100):
+        c = struct.pack(">I", n)
+        pkt = bytes([1, 1, 6, 0]) + c + b"\0\0\x80\0" + b"\0" * 16 + b"\x02\xaa" + c + tail
+        try:
+            s.sendto(pkt, ("255.255.255.255", 67))
+        except OSError:
+            pass
+        n += 1
+    if select.select([sys.stdin], [], [], 0)[0]:
+        break
+    due = start + n / rate
+    now = time.monotonic()
+    if due > now:
+        time.sleep(due - now)
+print("sent", n, flush=True)
+"#;
+
+/// Finding 5: past 100,000 MACs the per-MAC flood guard rescanned its whole map on every packet
+/// under one mutex, and at 6,000 DISCOVER/s none of a reserved machine's DISCOVERs was answered.
+/// Plinth serves a segment from a network namespace; from the client namespace a flooder sends
+/// DISCOVERs from a new MAC each at 8,000 a second. Once Plinth has received more than 100,000
+/// of them, and while the flood goes on, busybox udhcpc on the reserved machine's NIC gets its
+/// reserved address three times over, and the flood is counted as limited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_random_mac_flood_past_100000_macs_leaves_dhcp_answering() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    let mac = "52:54:00:4f:00:01";
+    let mut lab = crate::support::netns::NetLab::new("10.80.0.1/24", mac);
+    let st = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &lab.cli,
+            "addr",
+            "add",
+            "10.80.0.2/24",
+            "dev",
+            &lab.cli_if,
+        ])
+        .status()
+        .expect("ip");
+    assert!(st.success());
+    let dir = tempfile::tempdir().expect("tmp");
+    crate::support::write_key(&dir.path().join("secret.key"));
+    let config = dir.path().join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"data_dir = "{data}"
+[http]
+listen = "10.80.0.1:8080"
+[secrets]
+key_file = "{key}"
+[dhcp]
+enabled = true
+interfaces = ["{iface}"]
+boot_url = "http://10.80.0.1:8080"
+[[dhcp.subnet]]
+cidr = "10.80.0.0/24"
+mode = "authoritative"
+server_ip = "10.80.0.1"
+pool = ["10.80.0.100-10.80.0.200"]
+routers = ["10.80.0.1"]
+lease_seconds = 600
+"#,
+            data = dir.path().join("data").display(),
+            key = dir.path().join("secret.key").display(),
+            iface = lab.srv_if,
+        ),
+    )
+    .expect("config");
+    crate::dhcp::register(
+        &dir.path().join("data"),
+        &dir.path().join("secret.key"),
+        "reserved-1",
+        mac,
+        Some("10.80.0.42"),
+    )
+    .await;
+    let mut cmd = lab.cmd(&lab.srv.clone(), BIN);
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = lab.spawn(cmd);
+    crate::support::lan::wait_for_line(child, "serving HTTP on", Duration::from_secs(60));
+    let (cli, cli_if) = (lab.cli.clone(), lab.cli_if.clone());
+    let metric = |name: &str| -> f64 {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &cli, "curl", "-sf", "--max-time", "20"])
+            .arg("http://10.80.0.1:8080/metrics")
+            .output()
+            .expect("curl");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let udhcpc = || -> Option<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &cli, "busybox", "udhcpc", "-i", &cli_if])
+            .args(["-n", "-q", "-f", "-t", "5", "-T", "2", "-A", "1"])
+            .args(["-s", "/bin/true"])
+            .output()
+            .expect("udhcpc");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.status
+            .success()
+            .then(|| {
+                text.lines()
+                    .find(|l| l.contains("obtained"))
+                    .map(str::to_string)
+            })
+            .flatten()
+    };
+    assert!(
+        udhcpc().is_some_and(|l| l.contains("10.80.0.42")),
+        "before the flood"
+    );
+    let mut cmd = lab.cmd(&cli, "python3");
+    cmd.args(["-c", FLOODER, &cli_if, "8000"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped());
+    let flooder = lab.spawn_as_is(cmd);
+    let mut out = std::io::BufReader::new(flooder.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("flooder output");
+    assert!(line.starts_with("ready"), "{line}");
+    let stop = flooder.stdin.take();
+    // Until Plinth has taken in more than 100,000 of the flood's DISCOVERs (bounded).
+    let mut received = 0.0;
+    for _ in 0..120 {
+        received = metric("plinth_dhcp_received_total");
+        if received > 100_000.0 {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    assert!(received > 100_000.0, "Plinth received {received} DISCOVERs");
+    let mut leases = Vec::new();
+    for _ in 0..3 {
+        leases.push(udhcpc());
+    }
+    let after = metric("plinth_dhcp_received_total");
+    let limited = metric("plinth_dhcp_dropped_total{reason=\"unknown_flood\"}");
+    drop(stop);
+    line.clear();
+    out.read_line(&mut line).expect("flooder output");
+    eprintln!(
+        "flood: {} ; Plinth received {received} before the reserved machine asked, {after} after; \
+         {limited} dropped as an unknown flood; leases {leases:?}",
+        line.trim()
+    );
+    assert!(
+        after > received,
+        "the flood went on while the machine asked"
+    );
+    for l in &leases {
+        assert!(
+            l.as_deref().is_some_and(|l| l.contains("10.80.0.42")),
+            "the reserved machine got its address during the flood: {leases:?}"
+        );
+    }
+    assert!(limited > 0.0, "the flood was limited");
+    lab.stop_all();
+}
+
+/// A namespace (and whatever runs in it) deleted on drop.
+struct ExtraNs(String);
+
+impl Drop for ExtraNs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.0])
+            .status();
+    }
+}
+
+/// Finding 4: with `dhcp.interfaces = []` ("all interfaces") the arrival interface was not
+/// tracked: a DISCOVER on the management LAN got a provisioning address, and the provisioning
+/// client got nothing because replies left through the default route. Plinth's namespace here has
+/// two LANs: provisioning (10.81.0.0/24, the configured subnet) and management (10.82.0.0/24,
+/// no subnet, and the default route). udhcpc on the management LAN gets no lease (its DISCOVERs
+/// reach Plinth and are counted as `no_subnet`); udhcpc on the provisioning LAN gets a lease from
+/// the provisioning pool, its answers leaving through the interface they arrived on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_all_interfaces_dhcp_answers_only_on_the_lan_of_a_subnet() {
+    use std::process::Stdio;
+    let ip = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .expect("ip");
+        assert!(
+            out.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let mut lab = crate::support::netns::NetLab::new("10.81.0.1/24", "52:54:00:4f:01:01");
+    let mgmt = ExtraNs(format!("{}m", lab.cli));
+    let (srv_m, cli_m) = (format!("{}m", lab.srv_if), format!("{}m", lab.cli_if));
+    ip(&["netns", "add", &mgmt.0]);
+    ip(&[
+        "link", "add", &srv_m, "netns", &lab.srv, "type", "veth", "peer", "name", &cli_m, "netns",
+        &mgmt.0,
+    ]);
+    ip(&["-n", &lab.srv, "addr", "add", "10.82.0.1/24", "dev", &srv_m]);
+    ip(&[
+        "-n",
+        &mgmt.0,
+        "link",
+        "set",
+        &cli_m,
+        "address",
+        "52:54:00:4f:02:01",
+    ]);
+    for (ns, dev) in [(&lab.srv, &srv_m), (&mgmt.0, &cli_m)] {
+        ip(&["-n", ns, "link", "set", "lo", "up"]);
+        ip(&["-n", ns, "link", "set", dev, "up"]);
+    }
+    // Plinth's default route leads to the management LAN, as on a server whose uplink it is.
+    ip(&[
+        "-n",
+        &lab.srv,
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.82.0.254",
+        "dev",
+        &srv_m,
+    ]);
+    let dir = tempfile::tempdir().expect("tmp");
+    crate::support::write_key(&dir.path().join("secret.key"));
+    let config = dir.path().join("plinth.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"data_dir = "{data}"
+[http]
+listen = "10.81.0.1:8080"
+[secrets]
+key_file = "{key}"
+[dhcp]
+enabled = true
+interfaces = []
+boot_url = "http://10.81.0.1:8080"
+[[dhcp.subnet]]
+cidr = "10.81.0.0/24"
+mode = "authoritative"
+server_ip = "10.81.0.1"
+pool = ["10.81.0.100-10.81.0.150"]
+routers = ["10.81.0.1"]
+lease_seconds = 600
+"#,
+            data = dir.path().join("data").display(),
+            key = dir.path().join("secret.key").display(),
+        ),
+    )
+    .expect("config");
+    let mut cmd = lab.cmd(&lab.srv.clone(), BIN);
+    cmd.args(["serve", "--config"])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let child = lab.spawn(cmd);
+    crate::support::lan::wait_for_line(child, "serving HTTP on", Duration::from_secs(60));
+    let udhcpc = |ns: &str, ifname: &str| -> (bool, String) {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", ns, "busybox", "udhcpc", "-i", ifname])
+            .args(["-n", "-q", "-f", "-t", "3", "-T", "1", "-A", "1"])
+            .args(["-s", "/bin/true"])
+            .output()
+            .expect("udhcpc");
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let no_subnet = || -> (f64, String) {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "exec", &lab.srv, "curl", "-sf", "--max-time", "20"])
+            .arg("http://10.81.0.1:8080/metrics")
+            .output()
+            .expect("curl");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let dhcp: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("plinth_dhcp_"))
+            .collect();
+        let n = dhcp
+            .iter()
+            .find(|l| l.starts_with("plinth_dhcp_dropped_total{reason=\"no_subnet\"}"))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            .unwrap_or(0.0);
+        (n, dhcp.join("\n"))
+    };
+    let (got, text) = udhcpc(&mgmt.0, &cli_m);
+    assert!(!got, "the management LAN got a lease: {text}");
+    let (refused, dhcp) = no_subnet();
+    assert!(
+        refused >= 1.0,
+        "the management LAN's DISCOVERs reached Plinth: {dhcp}"
+    );
+    let (got, text) = udhcpc(&lab.cli, &lab.cli_if);
+    assert!(got, "the provisioning LAN got no lease: {text}");
+    assert!(
+        text.contains("lease of 10.81.0.1"),
+        "from the provisioning pool: {text}"
+    );
+    lab.stop_all();
+    drop(mgmt);
 }

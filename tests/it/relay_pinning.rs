@@ -7,6 +7,7 @@
 use crate::support;
 
 use std::net::Ipv4Addr;
+use std::path::Path;
 use std::time::Duration;
 
 use dhcproto::v4::{self, DhcpOption, MessageType, OptionCode};
@@ -14,11 +15,11 @@ use plinth::domain::{Interface, MachineSpec};
 
 use crate::dhcp_peers::{collect, encode, msg_type, pxe_message};
 use support::lan::{self, Lan};
-use support::peers::{metrics, sample, start_plinth, Agent};
+use support::peers::{metrics, sample, start_plinth, Agent, Plinth};
 use support::{Backend, TestDb};
 
 /// Option 82 with circuit id `circuit` and remote id `leaf-1`.
-fn option_82(circuit: &[u8]) -> Vec<u8> {
+pub(crate) fn option_82(circuit: &[u8]) -> Vec<u8> {
     let remote = b"leaf-1";
     let mut o = vec![1, circuit.len() as u8];
     o.extend_from_slice(circuit);
@@ -28,7 +29,7 @@ fn option_82(circuit: &[u8]) -> Vec<u8> {
 }
 
 /// A relayed message of `kind` for `mac` from the switch port `circuit`.
-fn relayed(mac: &[u8; 6], xid: u32, kind: MessageType, circuit: &[u8]) -> v4::Message {
+pub(crate) fn relayed(mac: &[u8; 6], xid: u32, kind: MessageType, circuit: &[u8]) -> v4::Message {
     let mut m = pxe_message(mac, xid, kind, Ipv4Addr::UNSPECIFIED);
     m.set_giaddr(Ipv4Addr::new(10, 86, 0, 1)).set_hops(1);
     m.opts_mut()
@@ -40,7 +41,7 @@ fn relayed(mac: &[u8; 6], xid: u32, kind: MessageType, circuit: &[u8]) -> v4::Me
 }
 
 /// Send `m` to Plinth and collect its answers (a bounded wait).
-fn ask(agent: &mut Agent, m: &v4::Message) -> Vec<v4::Message> {
+pub(crate) fn ask(agent: &mut Agent, m: &v4::Message) -> Vec<v4::Message> {
     agent.send("10.85.0.1:67".parse().expect("addr"), &encode(m));
     collect(agent, m.xid(), Duration::from_secs(3))
         .into_iter()
@@ -56,6 +57,85 @@ async fn events_of_kind(url: &str, kind: &str) -> Vec<String> {
         .fetch_all(&mut c)
         .await
         .expect("events")
+}
+
+/// The relayed subnet of a [`RelayLab`], as `[dhcp]` configuration: 10.86.0.0/24 behind the relay
+/// agent 10.85.0.2.
+pub(crate) const RELAYED_SUBNET: &str = r#"[[dhcp.subnet]]
+cidr = "10.86.0.0/24"
+server_ip = "10.85.0.1"
+pool = ["10.86.0.100-10.86.0.200"]
+routers = ["10.86.0.1"]
+relay_agents = ["10.85.0.2"]
+"#;
+
+/// Plinth serving DHCP in a namespace (10.85.0.1) and a relay agent in another (10.85.0.2, a
+/// configured relay agent) relaying for 10.86.0.0/24 with `giaddr` 10.86.0.1; all of it ends
+/// with the value (agent, then Plinth and the namespaces).
+pub(crate) struct RelayLab {
+    /// The relay agent's socket (port 67 on the relay's interface).
+    pub agent: Agent,
+    /// Plinth in the server's namespace.
+    pub plinth: Plinth,
+    /// The segment.
+    pub lan: Lan,
+}
+
+/// Start a [`RelayLab`]; Plinth's data and config in `dir`, its inventory at `db_url`.
+pub(crate) fn relay_lab(tag: &str, dir: &Path, db_url: &str) -> RelayLab {
+    let mut lan = Lan::new(tag);
+    let srv = lan.host(&["10.85.0.1/24"], None);
+    let relay = lan.host(&["10.85.0.2/24"], None);
+    lan::ip(&[
+        "-n",
+        &relay.ns,
+        "addr",
+        "add",
+        "10.86.0.1/24",
+        "dev",
+        &relay.ifname,
+    ]);
+    lan::ip(&[
+        "-n",
+        &srv.ns,
+        "route",
+        "add",
+        "10.86.0.0/24",
+        "via",
+        "10.85.0.2",
+    ]);
+    let plinth = start_plinth(
+        &mut lan,
+        &srv,
+        dir,
+        db_url,
+        &format!(
+            "boot_url = \"http://10.85.0.1:8080\"\n[[dhcp.subnet]]\ncidr = \"10.85.0.0/24\"\n\
+             server_ip = \"10.85.0.1\"\npool = [\"10.85.0.100-10.85.0.200\"]\n{RELAYED_SUBNET}"
+        ),
+    );
+    let agent = Agent::start(&lan, &relay, 67);
+    RelayLab { agent, plinth, lan }
+}
+
+/// A relayed DISCOVER then REQUEST of `mac` from the switch port `circuit`: the ACK.
+pub(crate) fn relayed_lease(
+    agent: &mut Agent,
+    mac: &[u8; 6],
+    xid: u32,
+    circuit: &[u8],
+) -> v4::Message {
+    let offers = ask(agent, &relayed(mac, xid, MessageType::Discover, circuit));
+    assert_eq!(offers.len(), 1, "{offers:?}");
+    let mut req = relayed(mac, xid + 1, MessageType::Request, circuit);
+    req.opts_mut()
+        .insert(DhcpOption::RequestedIpAddress(offers[0].yiaddr()));
+    req.opts_mut()
+        .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 85, 0, 1)));
+    let acks = ask(agent, &req);
+    assert_eq!(acks.len(), 1, "{acks:?}");
+    assert_eq!(msg_type(&acks[0]), Some(MessageType::Ack));
+    acks[0].clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,61 +171,14 @@ async fn a_machine_is_pinned_to_its_first_relay_circuit() {
         .await
         .expect("register");
 
-    let mut lan = Lan::new("cp");
-    let srv = lan.host(&["10.85.0.1/24"], None);
-    let relay = lan.host(&["10.85.0.2/24"], None);
-    lan::ip(&[
-        "-n",
-        &relay.ns,
-        "addr",
-        "add",
-        "10.86.0.1/24",
-        "dev",
-        &relay.ifname,
-    ]);
-    lan::ip(&[
-        "-n",
-        &srv.ns,
-        "route",
-        "add",
-        "10.86.0.0/24",
-        "via",
-        "10.85.0.2",
-    ]);
-    let p = start_plinth(
-        &mut lan,
-        &srv,
-        &tmp.path().join("p"),
-        &db.url,
-        r#"boot_url = "http://10.85.0.1:8080"
-[[dhcp.subnet]]
-cidr = "10.85.0.0/24"
-server_ip = "10.85.0.1"
-pool = ["10.85.0.100-10.85.0.200"]
-[[dhcp.subnet]]
-cidr = "10.86.0.0/24"
-server_ip = "10.85.0.1"
-pool = ["10.86.0.100-10.86.0.200"]
-routers = ["10.86.0.1"]
-relay_agents = ["10.85.0.2"]
-"#,
-    );
-    let mut agent = Agent::start(&lan, &relay, 67);
+    let RelayLab {
+        mut agent,
+        plinth: p,
+        lan,
+    } = relay_lab("cp", &tmp.path().join("p"), &db.url);
 
     // Port 1: DISCOVER, REQUEST: bound, and the circuit is pinned.
-    let offers = ask(
-        &mut agent,
-        &relayed(&mac, 0x0860_0001, MessageType::Discover, b"port-1"),
-    );
-    assert_eq!(offers.len(), 1, "{offers:?}");
-    let ip = offers[0].yiaddr();
-    let mut req = relayed(&mac, 0x0860_0002, MessageType::Request, b"port-1");
-    req.opts_mut().insert(DhcpOption::RequestedIpAddress(ip));
-    req.opts_mut()
-        .insert(DhcpOption::ServerIdentifier(Ipv4Addr::new(10, 85, 0, 1)));
-    let acks = ask(&mut agent, &req);
-    assert_eq!(acks.len(), 1, "{acks:?}");
-    assert_eq!(msg_type(&acks[0]), Some(MessageType::Ack));
+    let ip = relayed_lease(&mut agent, &mac, 0x0860_0001, b"port-1").yiaddr();
     let pin = store
         .leases
         .circuit_pin(m.id)

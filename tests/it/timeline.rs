@@ -1,5 +1,5 @@
 //! The boot timeline's writer on both databases: a burst of steps lands whole, in order, as the
-//! machine's events, `append_events` writes a batch in one transaction, and steps known only by
+//! machines' events, one machine's steps past its budget are counted instead of written, `append_events` writes a batch in one transaction, and steps known only by
 //! address follow the address to its new holder.
 
 use crate::support;
@@ -47,8 +47,18 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     let st = db.stores().await;
     let secrets = SecretBox::from_text(&SecretBox::generate_key_text()).expect("key");
     let inv = plinth::app::inventory(&st, secrets);
-    let mac: MacAddr = "52:54:00:7e:00:01".parse().expect("mac");
-    let m = machine(&inv, "tl-1", mac).await;
+    // 35 machines, each within its budget of 20 steps of a kind.
+    const MACHINES: usize = 35;
+    let mut macs = Vec::new();
+    let mut machines = Vec::new();
+    for i in 0..MACHINES {
+        let mac: MacAddr = format!("52:54:00:7e:00:{:02x}", i + 1)
+            .parse()
+            .expect("mac");
+        machines.push(machine(&inv, &format!("tl-{i}"), mac).await);
+        macs.push(mac);
+    }
+    let m = &machines[0];
 
     // More steps than one batch, faster than the writer's gathering window.
     let stop = CancellationToken::new();
@@ -61,25 +71,26 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     for n in 0..STEPS {
         timeline.record(Step {
             kind: "dhcp.offer",
-            mac: Some(mac),
+            mac: Some(macs[n % MACHINES]),
             ip: None,
             machine: None,
             detail: serde_json::json!({ "n": n }),
         });
     }
+    let all = EventFilter {
+        machine_id: None,
+        kind_prefix: Some("dhcp.offer".into()),
+        after_id: None,
+        limit: 10_000,
+    };
     let start = Instant::now();
     let events = loop {
-        let ev = st
-            .events
-            .list_events(&kind_filter(m.id, "dhcp.offer"))
-            .await
-            .expect("events");
+        let ev = st.events.list_events(&all).await.expect("events");
         if ev.len() >= STEPS || start.elapsed() > Duration::from_secs(60) {
             break ev;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    stop.cancel();
     assert_eq!(timeline.dropped(), 0);
     let order: Vec<u64> = events
         .iter()
@@ -88,12 +99,36 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     assert_eq!(order, (0..STEPS as u64).collect::<Vec<_>>());
     assert!(events.iter().all(|e| e.actor == "boot"));
 
+    // Past its budget, one machine's steps of a kind are counted, not written: a flood of
+    // spoofed TFTP reads or DISCOVERs with its MAC cannot bury its timeline.
+    for n in 0..100 {
+        timeline.record(Step {
+            kind: "tftp.read",
+            mac: Some(macs[0]),
+            ip: None,
+            machine: None,
+            detail: serde_json::json!({ "n": n }),
+        });
+    }
+    let start = Instant::now();
+    while timeline.suppressed() < 80 && start.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(timeline.suppressed(), 80);
+    let reads = st
+        .events
+        .list_events(&kind_filter(m.id, "tftp.read"))
+        .await
+        .expect("events");
+    assert_eq!(reads.len(), 20, "the burst of one machine's reads");
+    stop.cancel();
+
     // A batch is one transaction, in order; an empty batch writes nothing.
     st.events.append_events(&[]).await.expect("empty batch");
     let batch: Vec<NewEvent> = (0..3)
         .map(|n| NewEvent {
             machine_id: Some(m.id),
-            kind: "tftp.read".into(),
+            kind: "http.image".into(),
             actor: "boot".into(),
             detail: serde_json::json!({ "n": n }),
         })
@@ -101,7 +136,7 @@ async fn a_burst_of_steps_lands_whole_and_in_order(b: Backend) {
     st.events.append_events(&batch).await.expect("batch");
     let tftp = st
         .events
-        .list_events(&kind_filter(m.id, "tftp."))
+        .list_events(&kind_filter(m.id, "http.image"))
         .await
         .expect("events");
     assert_eq!(

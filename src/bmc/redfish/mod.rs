@@ -20,12 +20,13 @@ mod power;
 use async_trait::async_trait;
 use tokio::sync::OnceCell;
 
+use super::odata::text;
 use super::quirks::Quirks;
 use super::transport::{AuthMode, BmcEndpoint, BmcOptions, Doc, Transport};
 use super::BmcError;
 use crate::domain::InspectedHardware;
 use crate::service::ports::bmc::{
-    Bmc, BootMode, BootOverride, BootTarget, Capabilities, PowerAction, PowerState,
+    Bmc, BootMode, BootOverride, BootTarget, Capabilities, PowerAction, PowerState, ServiceRoot,
     VirtualMediaStatus,
 };
 use discovery::Discovered;
@@ -119,5 +120,17 @@ impl Bmc for RedfishBmc {
 
     async fn close(&self) -> Result<(), BmcError> {
         self.t.close().await
+    }
+
+    async fn service_root(&self) -> Result<ServiceRoot, BmcError> {
+        let root = self
+            .t
+            .get_anonymous(crate::bmc::transport::SERVICE_ROOT)
+            .await?;
+        Ok(ServiceRoot {
+            redfish_version: text(&root, "RedfishVersion"),
+            vendor: text(&root, "Vendor"),
+            product: text(&root, "Product"),
+        })
     }
 }

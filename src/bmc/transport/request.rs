@@ -248,6 +248,24 @@ impl Transport {
 
     /// GET a JSON resource. A 404 is retried once with the trailing slash toggled (BMCs disagree
     /// on `/Systems` vs `/Systems/`).
+    /// GET a resource without credentials (the service root), status checked.
+    pub async fn get_anonymous(&self, link: &str) -> Result<Value, BmcError> {
+        let ans = self
+            .request_as(&AuthState::Unknown, Method::GET, link, None, None)
+            .await?;
+        let ans = self.check(&Method::GET, link, ans)?;
+        match ans.body {
+            Some(json @ Value::Object(_)) => Ok(json),
+            _ => Err(BmcError::Protocol {
+                path: self.path_of(link),
+                reason: format!(
+                    "expected a JSON object, got: {}",
+                    error_message(None, &ans.text)
+                ),
+            }),
+        }
+    }
+
     pub async fn get(&self, link: &str) -> Result<Doc, BmcError> {
         let ans = self.request(Method::GET, link, None, None).await?;
         let (link, ans) = if ans.status == StatusCode::NOT_FOUND {

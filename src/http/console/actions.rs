@@ -77,7 +77,7 @@ pub async fn accept(
             &actor,
         )
         .await?;
-    tracing::info!(machine = %m.id, actor = %actor, "console: discovered machine accepted");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %actor, "console: discovered machine accepted");
     Ok(back(done.id))
 }
 
@@ -92,7 +92,7 @@ pub async fn reject(
     s.inventory
         .delete(m.id, version(&a)?.or(Some(m.version)), &a.who.actor())
         .await?;
-    tracing::info!(machine = %m.id, actor = %a.who.actor(), "console: discovered machine rejected");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %a.who.actor(), "console: discovered machine rejected");
     Ok(Redirect::to("/console/discovered"))
 }
 
@@ -151,7 +151,7 @@ pub async fn reinstall(
         )));
     }
     s.workflows.start(m.id, wipe, &a.who.actor()).await?;
-    tracing::info!(machine = %m.id, wipe, actor = %a.who.actor(), "console: reinstall started");
+    tracing::info!(machine = %m.id, name = %m.display_name(), wipe, actor = %a.who.actor(), "console: reinstall started");
     Ok(back(m.id))
 }
 
@@ -165,7 +165,7 @@ pub async fn cancel_reinstall(
     a.who.require(ApiRole::Operator)?;
     let m = s.inventory.resolve(&id).await?;
     s.workflows.cancel(m.id, &a.who.actor()).await?;
-    tracing::info!(machine = %m.id, actor = %a.who.actor(), "console: reinstall cancelled");
+    tracing::info!(machine = %m.id, name = %m.display_name(), actor = %a.who.actor(), "console: reinstall cancelled");
     Ok(back(m.id))
 }
 

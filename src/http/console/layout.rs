@@ -5,6 +5,7 @@ use maud::{html, Markup, DOCTYPE};
 
 use super::session::Signed;
 use crate::domain::{LifecycleState, Machine};
+use crate::service::machine_config::SwitchPort;
 
 /// The navigation: (path, label).
 const NAV: &[(&str, &str)] = &[
@@ -85,6 +86,19 @@ pub fn machine_link(m: &Machine) -> Markup {
     html! { a href={ "/console/machines/" (m.id) } { (m.display_name()) } }
 }
 
+/// Manufacturer and model, whichever are known; `–` when neither is.
+pub fn product(m: &Machine) -> String {
+    let known: Vec<&str> = [m.manufacturer.as_deref(), m.model.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if known.is_empty() {
+        "–".into()
+    } else {
+        known.join(" ")
+    }
+}
+
 /// A hidden CSRF field for a form of this session.
 pub fn csrf(who: &Signed) -> Markup {
     html! { input type="hidden" name="csrf" value=(who.csrf()); }
@@ -93,4 +107,28 @@ pub fn csrf(who: &Signed) -> Markup {
 /// A time as UTC text, to the second.
 pub fn when(t: chrono::DateTime<chrono::Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+}
+
+/// An option-82 value (hex) as a tech reads it: the text when it is printable ASCII (switches
+/// mostly send a port name such as `Gi1/0/12`), always with the hex as sent.
+pub fn option_82(hex_value: &str) -> Markup {
+    let text = hex::decode(hex_value)
+        .ok()
+        .filter(|b| !b.is_empty() && b.iter().all(|c| (0x20..0x7f).contains(c)))
+        .map(|b| String::from_utf8_lossy(&b).into_owned());
+    html! {
+        @if let Some(t) = text { strong { (t) } " " }
+        small { "(hex " code { (hex_value) } ")" }
+    }
+}
+
+/// Where a machine's DHCP came relayed from: relay, circuit id (the port), remote id (the
+/// switch), and how it is known.
+pub fn switch_port(p: &SwitchPort) -> Markup {
+    html! {
+        span.circuit { "circuit id " @match &p.circuit_id { Some(c) => { (option_82(c)) } None => { "none sent" } } }
+        ", " span.remote { "remote id " @match &p.remote_id { Some(r) => { (option_82(r)) } None => { "none sent" } } }
+        ", via relay " code { (p.relay) }
+        br; small { "(" (p.source) ", " (when(p.at)) ")" }
+    }
 }

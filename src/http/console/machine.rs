@@ -43,6 +43,7 @@ pub async fn page(
         None => None,
     };
     let reinstall = s.workflows.status(m.id).await?;
+    let port = s.configs.switch_port(&m).await?;
     let operator = who.can(ApiRole::Operator);
     let name = m.display_name();
     let body = html! {
@@ -56,7 +57,7 @@ pub async fn page(
                 dt { "Serial" } dd { (m.serial.as_deref().unwrap_or("–")) }
                 dt { "Asset tag" } dd { (m.asset_tag.as_deref().unwrap_or("–")) }
                 dt { "SMBIOS UUID" } dd { (m.smbios_uuid.map(|u| u.to_string()).unwrap_or_else(|| "–".into())) }
-                dt { "Product" } dd { (m.manufacturer.as_deref().unwrap_or("–")) " " (m.model.as_deref().unwrap_or("")) }
+                dt { "Product" } dd { (layout::product(&m)) }
                 dt { "Location" } dd {
                     "site " (m.site.as_deref().unwrap_or("–")) ", rack " (m.rack.as_deref().unwrap_or("–"))
                     ", unit " @if let Some(u) = m.rack_unit { "U" (u) } @else { "–" }
@@ -95,6 +96,8 @@ pub async fn page(
                         @if i.boot { " · boot interface" } }
                 }
             }
+            p.switch-port { "Switch port (DHCP option 82): "
+                @match &port { Some(p) => { (layout::switch_port(p)) } None => { "– (its DHCP did not come through a relay)" } } }
         }
         section aria-labelledby="h-disks" {
             h2 #h-disks { "Disks" }

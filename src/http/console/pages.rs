@@ -74,6 +74,8 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
         running.push((m, r));
     }
     let pools = s.provisioning.pool_use().await?;
+    let holds = s.provisioning.holds().await?;
+    let images = s.provisioning.image_cache().await?;
     let discovered = counts
         .iter()
         .find(|(st, _)| *st == LifecycleState::Discovered)
@@ -92,25 +94,25 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
             h2 #h-failed { "Failed machines (" (failed.total) ")" }
             @if failed.items.is_empty() { p { "None." } }
             @else {
-                table {
+                div.scroll { table {
                     thead { tr { th { "Machine" } th { "Reason" } th { "Since" } } }
                     tbody {
                         @for m in &failed.items {
                             tr {
                                 td { (machine_link(m)) }
-                                td { (m.state_reason.as_deref().unwrap_or("no reason recorded")) }
+                                td.reason { (m.state_reason.as_deref().unwrap_or("no reason recorded")) }
                                 td { (when(m.updated_at)) }
                             }
                         }
                     }
-                }
+                } }
             }
         }
         section aria-labelledby="h-reinstalls" {
             h2 #h-reinstalls { "Reinstalls in progress (" (active.len()) ")" }
             @if running.is_empty() { p { "None." } }
             @else {
-                table {
+                div.scroll { table {
                     thead { tr { th { "Machine" } th { "Stage" } th { "Deadline" } th { "Asked by" } } }
                     tbody {
                         @for (m, r) in &running {
@@ -122,24 +124,41 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
                             }
                         }
                     }
-                }
+                } }
             }
         }
         section aria-labelledby="h-holds" {
-            h2 #h-holds { "Holds" }
-            ul {
-                li {
-                    "Waiting for acceptance: "
-                    a href="/console/discovered" { (discovered) " discovered machine(s)" }
-                }
+            h2 #h-holds { "Holds (" (holds.held.len() as i64 + discovered) ")" }
+            p {
+                "Waiting for acceptance: "
+                a href="/console/discovered" { (discovered) " discovered machine(s)" }
+                @if discovered > 0 { " (unknown machines that network-booted; accept or reject them)" }
             }
-            p.hint { "Holds for an uncached image or a closed provisioning window are not reported by this build's services." }
+            @if holds.held.is_empty() {
+                p { "No machine in provisioning is held." }
+            } @else {
+                div.scroll { table #holds {
+                    thead { tr { th { "Machine" } th { "Why it waits" } th { "Since" } } }
+                    tbody {
+                        @for h in &holds.held {
+                            tr {
+                                td { (machine_link(&h.machine)) }
+                                td.reason { (h.reason) }
+                                td { @if let Some(t) = h.since { "last boot poll " (when(t)) } @else { "–" } }
+                            }
+                        }
+                    }
+                } }
+            }
+            @if (holds.scanned as i64) < holds.provisioning {
+                p.hint { "Only the first " (holds.scanned) " of " (holds.provisioning) " machines in provisioning were looked at." }
+            }
         }
         section aria-labelledby="h-pools" {
             h2 #h-pools { "DHCP pool use" }
             @if pools.is_empty() { p { "DHCP is off on this server." } }
             @else {
-                table {
+                div.scroll { table {
                     thead { tr { th { "Subnet" } th { "Mode" } th { "In use" } th { "Pool size" } } }
                     tbody {
                         @for (subnet, size, used) in &pools {
@@ -151,12 +170,36 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
                             }
                         }
                     }
-                }
+                } }
             }
         }
         section aria-labelledby="h-images" {
             h2 #h-images { "Image cache" }
-            p.hint { "Per-cluster image cache status is not reported by this build's services; a machine's page shows its Talos version and schematic." }
+            @if images.is_empty() { p { "No cluster is declared (" code { "plinth apply" } ")." } }
+            @else {
+                div.scroll { table #images {
+                    thead { tr { th { "Cluster" } th { "Talos" } th { "Architecture" } th { "Cached" } } }
+                    tbody {
+                        @for c in &images {
+                            @for a in &c.arches {
+                                tr data-cluster=(c.cluster) data-arch=(a.arch) {
+                                    td { (c.cluster) }
+                                    td { (c.version) br; small { "schematic " code.digest { (c.schematic) } } }
+                                    td { (a.arch) }
+                                    td {
+                                        @if a.cached { span.ok { "✓ cached" } }
+                                        @else {
+                                            span.error { "✗ not cached" }
+                                            " (missing " (a.missing.join(", ")) "): run " code.pull { (a.pull_command) }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                } }
+                p.hint { "A machine of a cluster whose image is not cached waits at boot until it is (or until a configured Image Factory delivers it)." }
+            }
         }
     };
     Ok(layout::page(&who, "/console", "Overview", body))
@@ -441,6 +484,12 @@ pub async fn discovered(State(s): State<AppState>, who: Signed) -> Result<Markup
         })
         .await?;
     let operator = who.can(ApiRole::Operator);
+    let mut ports = HashMap::new();
+    for m in &page.items {
+        if let Some(p) = s.configs.switch_port(m).await? {
+            ports.insert(m.id, p);
+        }
+    }
     let body = html! {
         h1 { "Discovered machines (" (page.total) ")" }
         @if page.items.is_empty() { p { "The queue is empty." } }
@@ -451,7 +500,13 @@ pub async fn discovered(State(s): State<AppState>, who: Signed) -> Result<Markup
                     dt { "MAC" } dd { @for i in &m.interfaces { code { (i.mac) } " " } }
                     dt { "SMBIOS UUID" } dd { (m.smbios_uuid.map(|u| u.to_string()).unwrap_or_else(|| "–".into())) }
                     dt { "Serial" } dd { (m.serial.as_deref().unwrap_or("–")) }
-                    dt { "Product" } dd { (m.manufacturer.as_deref().unwrap_or("")) " " (m.model.as_deref().unwrap_or("")) }
+                    dt { "Product" } dd { (layout::product(m)) }
+                    dt { "Switch port" } dd.switch-port {
+                        @match ports.get(&m.id) {
+                            Some(p) => { (layout::switch_port(p)) }
+                            None => { "– (its DHCP did not come through a relay)" }
+                        }
+                    }
                     dt { "First seen" } dd { (when(m.created_at)) }
                 }
                 @if operator { (accept_form(&who, m)) }
@@ -500,7 +555,7 @@ pub fn event_item(e: &Event) -> Markup {
             time datetime=(e.at.to_rfc3339()) { (when(e.at)) }
             " " code.kind { (e.kind) }
             " " span.actor { (e.actor) }
-            @if let Some(m) = e.machine_id { " " a href={ "/console/machines/" (m) } { "machine " (m.to_string().get(..8).unwrap_or("")) } }
+            @if let Some(m) = e.machine_id { " " a href={ "/console/machines/" (m) } { (e.machine.clone().unwrap_or_else(|| format!("machine {}", m.to_string().get(..8).unwrap_or("")))) } }
             " " span.detail { (detail) }
         }
     }
@@ -575,7 +630,8 @@ pub struct StreamParams {
 }
 
 /// The event log as server-sent events for the console's script: each event's `data` is the
-/// event as JSON. Ends when the server stops or the session's token stops being live.
+/// event as JSON. Ends when the server stops, when the session signs out or expires, and when its
+/// token stops being live (checked every few seconds).
 pub async fn stream(
     State(s): State<AppState>,
     who: Signed,
@@ -597,6 +653,7 @@ pub async fn stream(
                 kind_prefix: nonempty(&p.kind),
                 after: None,
                 token: Some(who.session.token.id),
+                session: Some(who.session_hash()),
             },
             s.shutdown.clone(),
         )

@@ -1,7 +1,9 @@
 //! Signing in and out of the console, and what every console request carries: the session
 //! (cookie `plinth_session`: `HttpOnly`, `SameSite=Strict`, `Path=/`, and `Secure` when the
 //! public URL is https) and, on every POST, the session's CSRF token (a form field `csrf`; a
-//! missing or wrong one is a 403 before anything else is read). Roles are the API's: a session
+//! missing or wrong one is a 403 before anything else is read). The sign-in form has its own
+//! (login CSRF): a random `plinth_sign_in` cookie minted with the form, whose token the form
+//! carries, so another site cannot sign a browser into a session of its choosing. Roles are the API's: a session
 //! has its token's role, and every action is an event naming the token.
 
 use std::collections::HashMap;
@@ -9,17 +11,21 @@ use std::collections::HashMap;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use maud::html;
 
 use super::layout;
 use crate::http::AppState;
-use crate::service::auth::{csrf_matches, csrf_token, Session};
+use crate::service::auth::{csrf_matches, csrf_token, sign_in_nonce, token_hash, Session};
 use crate::service::{ApiRole, ServiceError, StoreError};
 
 /// The session cookie's name.
 pub const COOKIE: &str = "plinth_session";
+/// The sign-in form's cookie (login CSRF): a random value whose CSRF token the form carries.
+pub const SIGN_IN_COOKIE: &str = "plinth_sign_in";
+/// How long a sign-in form stays usable.
+const SIGN_IN_SECONDS: i64 = 3600;
 /// How long a session lasts (a shift), unless its token expires first.
 const SESSION_HOURS: i64 = 12;
 
@@ -115,6 +121,11 @@ pub struct Signed {
 }
 
 impl Signed {
+    /// The SHA-256 of the session id, as the database keys the session.
+    pub fn session_hash(&self) -> Vec<u8> {
+        token_hash(&self.id)
+    }
+
     /// The session's CSRF token, for forms.
     pub fn csrf(&self) -> String {
         csrf_token(&self.id)
@@ -143,17 +154,21 @@ impl Signed {
     }
 }
 
-/// The session cookie's value, if the request has one.
-fn cookie(parts: &Parts) -> Option<String> {
-    parts
-        .headers
+/// A cookie's value, if the request has it.
+fn cookie_of(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
+        .find(|(k, _)| *k == name)
         .map(|(_, v)| v.trim().to_string())
+}
+
+/// The session cookie's value, if the request has one.
+fn cookie(parts: &Parts) -> Option<String> {
+    cookie_of(&parts.headers, COOKIE)
 }
 
 /// Why a request has no session: a page asks the browser to sign in, anything else is refused.
@@ -283,7 +298,7 @@ fn safe_next(next: Option<&str>) -> String {
     }
 }
 
-fn sign_in_form(next: &str, problem: Option<&str>) -> maud::Markup {
+fn sign_in_form(next: &str, csrf: &str, problem: Option<&str>) -> maud::Markup {
     layout::bare(
         "Sign in",
         html! {
@@ -291,6 +306,7 @@ fn sign_in_form(next: &str, problem: Option<&str>) -> maud::Markup {
             @if let Some(p) = problem { p.error role="alert" { (p) } }
             form method="post" action="/console/sign-in" {
                 input type="hidden" name="next" value=(next);
+                input type="hidden" name="csrf" value=(csrf);
                 label for="token" { "API token" }
                 input #token type="password" name="token" autocomplete="off" required autofocus;
                 p.hint { "A token from " code { "plinth token create" } "; its role decides what you may do here." }
@@ -300,52 +316,134 @@ fn sign_in_form(next: &str, problem: Option<&str>) -> maud::Markup {
     )
 }
 
-/// The sign-in form.
-pub async fn sign_in_page(Query(n): Query<Next>) -> maud::Markup {
-    sign_in_form(&safe_next(n.next.as_deref()), None)
+/// The sign-in cookie's value when it has the shape of one we mint (43 base64url characters).
+fn sign_in_cookie(headers: &HeaderMap) -> Option<String> {
+    cookie_of(headers, SIGN_IN_COOKIE).filter(|v| {
+        v.len() == 43
+            && v.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    })
 }
 
-/// Sign in with a token: a session cookie and back to where the browser wanted to go.
+/// A `Set-Cookie` value of this console: `HttpOnly; SameSite=Strict`, `Secure` when the public
+/// URL is https.
+fn set_cookie(s: &AppState, name: &str, value: &str, path: &str, max_age: i64) -> HeaderValue {
+    let secure = if s.secure_cookies { "; Secure" } else { "" };
+    let text = format!(
+        "{name}={value}; Path={path}; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}"
+    );
+    // Names, base64url values, paths and digits only: always a valid header value.
+    HeaderValue::from_str(&text).unwrap_or_else(|_| HeaderValue::from_static("invalid=; Max-Age=0"))
+}
+
+/// The sign-in form, with its cookie: the browser's own if it has one, else a fresh one.
+fn sign_in_response(
+    s: &AppState,
+    headers: &HeaderMap,
+    status: StatusCode,
+    next: &str,
+    problem: Option<&str>,
+) -> Response {
+    let (nonce, fresh) = match sign_in_cookie(headers) {
+        Some(n) => (n, false),
+        None => (sign_in_nonce(), true),
+    };
+    let mut resp = (status, sign_in_form(next, &csrf_token(&nonce), problem)).into_response();
+    if fresh {
+        resp.headers_mut().append(
+            header::SET_COOKIE,
+            set_cookie(
+                s,
+                SIGN_IN_COOKIE,
+                &nonce,
+                "/console/sign-in",
+                SIGN_IN_SECONDS,
+            ),
+        );
+    }
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// The sign-in form.
+pub async fn sign_in_page(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    Query(n): Query<Next>,
+) -> Response {
+    sign_in_response(
+        &s,
+        &headers,
+        StatusCode::OK,
+        &safe_next(n.next.as_deref()),
+        None,
+    )
+}
+
+/// Sign in with a token: a session cookie and back to where the browser wanted to go. The form
+/// must come from this console's sign-in page (login CSRF): its `csrf` field matches the
+/// sign-in cookie, which a page of another site can neither read nor make the browser send
+/// (`SameSite=Strict`); a request the browser marks `Sec-Fetch-Site: cross-site` is refused
+/// too. Refused: 403 and a fresh form.
 pub async fn sign_in(State(s): State<AppState>, req: Request) -> Result<Response, ConsoleError> {
+    let headers = req.headers().clone();
     let bytes = Bytes::from_request(req, &s)
         .await
         .map_err(|e| ConsoleError::new(e.status(), "the form could not be read"))?;
     let mut token = String::new();
     let mut next = None;
+    let mut csrf = String::new();
     for (k, v) in url::form_urlencoded::parse(&bytes) {
         match k.as_ref() {
             "token" => token = v.into_owned(),
             "next" => next = Some(v.into_owned()),
+            "csrf" => csrf = v.into_owned(),
             _ => {}
         }
     }
     let next = safe_next(next.as_deref());
+    let cross_site = headers
+        .get("sec-fetch-site")
+        .is_some_and(|v| v.as_bytes() == b"cross-site");
+    let from_form = sign_in_cookie(&headers).is_some_and(|n| csrf_matches(&n, &csrf));
+    if cross_site || !from_form {
+        tracing::warn!(cross_site, "console: sign-in refused, not posted from the sign-in form (missing or wrong CSRF token)");
+        return Ok(sign_in_response(
+            &s,
+            &headers,
+            StatusCode::FORBIDDEN,
+            &next,
+            Some("This sign-in did not come from the console's sign-in form (missing or wrong CSRF token): sign in again here."),
+        ));
+    }
     let Some((id, session)) = s
         .tokens
         .sign_in(&token, chrono::Duration::hours(SESSION_HOURS))
         .await?
     else {
         tracing::info!("console: sign-in refused");
-        return Ok((
+        return Ok(sign_in_response(
+            &s,
+            &headers,
             StatusCode::UNAUTHORIZED,
-            sign_in_form(
-                &next,
-                Some("That token is not valid: unknown, revoked or expired."),
-            ),
-        )
-            .into_response());
+            &next,
+            Some("That token is not valid: unknown, revoked or expired."),
+        ));
     };
     tracing::info!(actor = %format!("token:{}", session.token.name), role = %session.token.role, "console: signed in");
     let max_age = (session.expires_at - chrono::Utc::now())
         .num_seconds()
         .max(0);
-    let secure = if s.secure_cookies { "; Secure" } else { "" };
-    let cookie =
-        format!("{COOKIE}={id}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}");
     let mut resp = Redirect::to(&next).into_response();
-    let value = HeaderValue::from_str(&cookie)
-        .map_err(|_| ConsoleError::new(StatusCode::INTERNAL_SERVER_ERROR, "cookie"))?;
-    resp.headers_mut().insert(header::SET_COOKIE, value);
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&s, COOKIE, &id, "/", max_age),
+    );
+    resp.headers_mut().append(
+        header::SET_COOKIE,
+        set_cookie(&s, SIGN_IN_COOKIE, "", "/console/sign-in", 0),
+    );
     Ok(resp)
 }
 
@@ -353,12 +451,9 @@ pub async fn sign_in(State(s): State<AppState>, req: Request) -> Result<Response
 pub async fn sign_out(State(s): State<AppState>, a: Action) -> Result<Response, ConsoleError> {
     s.tokens.sign_out(&a.who.id).await?;
     tracing::info!(actor = %a.who.actor(), "console: signed out");
-    let secure = if s.secure_cookies { "; Secure" } else { "" };
-    let cookie = format!("{COOKIE}=; Path=/; HttpOnly; SameSite=Strict; Max-Age=0{secure}");
     let mut resp = Redirect::to("/console/sign-in").into_response();
-    if let Ok(v) = HeaderValue::from_str(&cookie) {
-        resp.headers_mut().insert(header::SET_COOKIE, v);
-    }
+    resp.headers_mut()
+        .insert(header::SET_COOKIE, set_cookie(&s, COOKIE, "", "/", 0));
     Ok(resp)
 }
 

@@ -1,12 +1,16 @@
 //! The relay circuit a machine's DHCP is pinned to (see `provisioning::dhcp::circuit`), as an
 //! operator sees and changes it: show it, set it (say, after moving the machine to another switch
 //! port), or clear it so the next relayed REQUEST pins the circuit it comes through. Each change
-//! is an event of the machine.
+//! is an event of the machine. Also where a machine's DHCP came relayed from (`switch_port`): its
+//! pin, or the option-82 data its newest relayed lease recorded (a discovered machine has no pin).
 
 use std::net::Ipv4Addr;
 
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
 use super::ConfigService;
-use crate::domain::{MachineId, ValidationErrors};
+use crate::domain::{Machine, MachineId, ValidationErrors};
 use crate::service::error::ServiceError;
 use crate::service::ports::{CircuitPin, NewEvent};
 
@@ -29,7 +33,62 @@ fn hex_value(field: &str, v: Option<&str>, errors: &mut ValidationErrors) -> Opt
     Some(v)
 }
 
+/// Interfaces of one machine whose leases are looked at, at most.
+const PORT_MACS: usize = 8;
+
+/// The switch port a machine's DHCP came through a relay agent from, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SwitchPort {
+    /// The relay agent's address (`giaddr`).
+    pub relay: String,
+    /// Option 82 sub-option 1 (circuit id: the switch port), hex; absent when the relay sent none
+    /// or is not a configured relay agent.
+    pub circuit_id: Option<String>,
+    /// Option 82 sub-option 2 (remote id: the switch), hex.
+    pub remote_id: Option<String>,
+    /// When it was pinned or last seen.
+    pub at: DateTime<Utc>,
+    /// Where this comes from: `pinned by WHO`, or `lease of MAC`.
+    pub source: String,
+}
+
 impl ConfigService {
+    /// Where machine `m`'s DHCP came relayed from: its circuit pin, else the newest relayed lease
+    /// of its interfaces (the first eight); `None` when its DHCP never came through a relay.
+    pub async fn switch_port(&self, m: &Machine) -> Result<Option<SwitchPort>, ServiceError> {
+        if let Some(p) = self.leases.circuit_pin(m.id).await? {
+            return Ok(Some(SwitchPort {
+                relay: p.relay,
+                circuit_id: p.circuit_id,
+                remote_id: p.remote_id,
+                at: p.pinned_at,
+                source: format!("pinned by {}", p.pinned_by),
+            }));
+        }
+        let mut newest: Option<SwitchPort> = None;
+        for nic in m.interfaces.iter().take(PORT_MACS) {
+            let relayed = self
+                .leases
+                .leases_of_mac(nic.mac)
+                .await?
+                .into_iter()
+                .find(|l| l.giaddr.is_some());
+            let Some(l) = relayed else { continue };
+            let at = DateTime::<Utc>::from_timestamp_millis(l.updated_ms).unwrap_or_default();
+            if newest.as_ref().is_some_and(|n| n.at >= at) {
+                continue;
+            }
+            newest = Some(SwitchPort {
+                relay: l.giaddr.unwrap_or_default(),
+                circuit_id: l.relay_circuit_id,
+                remote_id: l.relay_remote_id,
+                at,
+                source: format!("lease of {}", l.mac),
+            });
+        }
+        Ok(newest)
+    }
+
     /// A machine's relay circuit pin.
     pub async fn circuit_pin(&self, id: MachineId) -> Result<Option<CircuitPin>, ServiceError> {
         Ok(self.leases.circuit_pin(id).await?)

@@ -31,6 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
+pub use circuit::SwitchPort;
 pub use declared::{ClusterSecretInput, Sources, DEFAULT_FACTORY_HOST};
 pub use diff::{config_diff, redact};
 pub use render::{schema_file, RenderedMachine};

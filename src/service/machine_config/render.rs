@@ -12,7 +12,7 @@ use crate::domain::{Machine, MachineSpec, Role};
 use crate::service::ports::{GroupKind, MachinePatches, PatchSource};
 use crate::talos::disk::{plan_install_disk, InstallSelector};
 use crate::talos::patch::{load_patch, Patch};
-use crate::talos::render::{render, Installer, Layer, MachineFacts, RenderInput};
+use crate::talos::render::{render, Installer, Layer, MachineFacts, RenderError, RenderInput};
 use crate::talos::schematic::SchematicId;
 use crate::talos::validate::{check_semantics, SchemaValidator, Severity};
 use crate::talos::TalosVersion;
@@ -34,6 +34,8 @@ pub struct RenderedMachine {
     pub install_disk: Option<String>,
     /// Extra kernel arguments: cluster, site, rack, profile, machine.
     pub kernel_args: Vec<String>,
+    /// The schematic's `customization.extraKernelArgs` (Image Factory's PXE line has them).
+    pub schematic_kernel_args: Vec<String>,
     /// Wipe on install (profile).
     pub wipe: bool,
 }
@@ -99,9 +101,13 @@ impl ConfigService {
                 .spec
                 .talos_version
                 .parse()
-                .map_err(|e: crate::talos::VersionError| {
-                    MachineConfigError::Declaration(e.to_string())
-                })?;
+                .map_err(
+                    |e: crate::talos::VersionError| MachineConfigError::Cluster {
+                        cluster: cluster.spec.name.clone(),
+                        field: "talosVersion",
+                        message: e.to_string(),
+                    },
+                )?;
         let profile = match spec.profile.as_deref() {
             Some(p) => Some(
                 sources
@@ -145,8 +151,10 @@ impl ConfigService {
         for (name, patches) in named {
             let mut loaded = Vec::new();
             for p in patches {
-                let patch = load_patch(&p.text).map_err(|e| {
-                    MachineConfigError::Render(format!("layer {name}, patch {}: {e}", p.origin))
+                let patch = load_patch(&p.text).map_err(|e| MachineConfigError::Patch {
+                    layer: name.clone(),
+                    origin: p.origin.clone(),
+                    message: e.to_string(),
                 })?;
                 origins.push((name.clone(), p.origin.clone(), patch.clone()));
                 loaded.push(patch);
@@ -160,10 +168,12 @@ impl ConfigService {
         let mut warnings = Vec::new();
         let rules = profile.and_then(|p| p.install_disk.clone());
         let install_disk = match &rules {
-            Some(r) => Some(
-                plan_install_disk(r, &spec.disks, version)
-                    .map_err(|e| MachineConfigError::Disk(e.to_string()))?,
-            ),
+            Some(r) => Some(plan_install_disk(r, &spec.disks, version).map_err(|e| {
+                MachineConfigError::Disk {
+                    rule: e.rule(),
+                    message: e.to_string(),
+                }
+            })?),
             None => None,
         };
         let disk_text = install_disk
@@ -179,10 +189,11 @@ impl ConfigService {
                 (None, InstallSelector::Cel(c)) => format!("Talos CEL selector {c}"),
             });
         let schematic = SchematicId::parse(&cluster.spec.schematic_id).ok_or_else(|| {
-            MachineConfigError::Declaration(format!(
-                "cluster `{}`: `{}` is not a schematic id",
-                cluster.spec.name, cluster.spec.schematic_id
-            ))
+            MachineConfigError::Cluster {
+                cluster: cluster.spec.name.clone(),
+                field: "schematicId",
+                message: format!("`{}` is not a schematic id", cluster.spec.schematic_id),
+            }
         })?;
         let installer = match &cluster.spec.install_image {
             Some(i) => Installer::Image(i.clone()),
@@ -205,7 +216,23 @@ impl ConfigService {
             layers: &layers,
             facts: &facts,
         })
-        .map_err(|e| MachineConfigError::Render(e.to_string()))?;
+        .map_err(|e| match e {
+            // Name the patch by its file, not by its place in the layer.
+            RenderError::Patch {
+                layer,
+                index,
+                source,
+            } => MachineConfigError::Patch {
+                origin: origins
+                    .iter()
+                    .filter(|(l, _, _)| *l == layer)
+                    .nth(index)
+                    .map_or_else(|| format!("{index}"), |(_, o, _)| o.clone()),
+                layer,
+                message: source.to_string(),
+            },
+            other => MachineConfigError::Render(other.to_string()),
+        })?;
         warnings.extend(rendered.warnings);
 
         let mut violations = match self.validator(version) {
@@ -296,6 +323,7 @@ impl ConfigService {
             warnings,
             install_disk: disk_text,
             kernel_args,
+            schematic_kernel_args: cluster.spec.schematic_kernel_args.clone(),
             wipe,
         })
     }

@@ -49,8 +49,7 @@ impl ConfigService {
         };
         let window = self.window(m.id).await.map_err(ServiceError::from)?;
         let open = window.as_ref().is_some_and(|w| w.is_open(Utc::now()));
-        let hold = (open && self.awaiting_approval(m).await?)
-            .then(|| super::window::AWAITING_APPROVAL.to_string());
+        let hold = self.hold_in(m, open).await?;
         let served = self.served(m.id).await.map_err(ServiceError::from)?;
         let now = Utc::now();
         let (valid, error, r) = match rendered {
@@ -71,5 +70,36 @@ impl ConfigService {
             served_at: served.map(|s| s.at),
             hold,
         })
+    }
+
+    /// Why `m`'s config is held for an operator now (its release awaits approval while its
+    /// window is open), without rendering it: cheap enough for every machine of a list.
+    pub async fn hold(&self, m: &Machine) -> Result<Option<String>, ServiceError> {
+        let window = self.window(m.id).await.map_err(ServiceError::from)?;
+        let open = window.as_ref().is_some_and(|w| w.is_open(Utc::now()));
+        self.hold_in(m, open).await
+    }
+
+    async fn hold_in(
+        &self,
+        m: &Machine,
+        window_open: bool,
+    ) -> Result<Option<String>, ServiceError> {
+        Ok((window_open && self.awaiting_approval(m).await?)
+            .then(|| super::window::AWAITING_APPROVAL.to_string()))
+    }
+
+    /// Name, Talos version and schematic of every declared cluster, by name (its secrets and
+    /// patches stay sealed).
+    pub async fn cluster_images(&self) -> Result<Vec<(String, String, String)>, ServiceError> {
+        let mut out: Vec<(String, String, String)> = self
+            .configs
+            .clusters()
+            .await?
+            .into_iter()
+            .map(|c| (c.spec.name, c.spec.talos_version, c.spec.schematic_id))
+            .collect();
+        out.sort();
+        Ok(out)
     }
 }

@@ -97,8 +97,10 @@ pub struct InstallTicket {
     pub talos_version: String,
     /// Schematic id.
     pub schematic_id: String,
-    /// Extra kernel arguments.
+    /// Extra kernel arguments of the inventory.
     pub kernel_args: Vec<String>,
+    /// The schematic's `customization.extraKernelArgs`.
+    pub schematic_kernel_args: Vec<String>,
     /// Wipe the system disk on this boot.
     pub wipe: bool,
     /// The code this boot's console shows, for an operator to approve its config's release
@@ -345,6 +347,7 @@ impl ConfigService {
             talos_version: rendered.version.to_string(),
             schematic_id: rendered.schematic_id,
             kernel_args: rendered.kernel_args,
+            schematic_kernel_args: rendered.schematic_kernel_args,
             wipe: (w.wipe || rendered.wipe) && first_boot,
             approval_code,
         }))
@@ -394,27 +397,27 @@ impl ConfigService {
             }
         };
         let Some(w) = window.filter(|w| w.closed_at.is_none()) else {
-            return self.refuse(id, from, "no open provisioning window").await;
+            return self.refuse(&m, from, "no open provisioning window").await;
         };
         if m.state != LifecycleState::Provisioning {
-            return self.refuse(id, from, "machine is not provisioning").await;
+            return self.refuse(&m, from, "machine is not provisioning").await;
         }
         if w.expires_at <= now {
-            return self.refuse(id, from, "provisioning window expired").await;
+            return self.refuse(&m, from, "provisioning window expired").await;
         }
         let (Some(token), Some(hash)) = (token, &w.token_sha256) else {
-            return self.refuse(id, from, "no token of this boot").await;
+            return self.refuse(&m, from, "no token of this boot").await;
         };
         let hashed = token_hash(token);
         if !constant_time_eq(hashed.as_bytes(), hash.as_bytes()) {
             return self
-                .refuse(id, from, "token does not match this boot's")
+                .refuse(&m, from, "token does not match this boot's")
                 .await;
         }
         if w.token_used_at.is_some() {
             return self
                 .refuse_anomaly(
-                    id,
+                    &m,
                     from,
                     "config.token_reused",
                     "the token was used already",
@@ -422,13 +425,13 @@ impl ConfigService {
                 .await;
         }
         if w.token_minted_at.is_none_or(|t| t + TOKEN_TTL <= now) {
-            return self.refuse(id, from, "token expired").await;
+            return self.refuse(&m, from, "token expired").await;
         }
         let from_text = v4(from).map_or_else(|| from.to_string(), |v| v.to_string());
         if w.token_ip.as_deref() != Some(from_text.as_str()) {
             return self
                 .refuse_anomaly(
-                    id,
+                    &m,
                     from,
                     "config.fetch_from_foreign_address",
                     "the token was minted for another address",
@@ -439,14 +442,14 @@ impl ConfigService {
             .and_then(|u| u.trim().parse::<uuid::Uuid>().ok())
             .filter(|u| !u.is_nil() && !u.is_max())
         else {
-            return self.refuse(id, from, "no SMBIOS UUID presented").await;
+            return self.refuse(&m, from, "no SMBIOS UUID presented").await;
         };
         let bind_uuid = match m.smbios_uuid {
             Some(want) if want == presented => false,
             Some(_) => {
                 return self
                     .refuse_anomaly(
-                        id,
+                        &m,
                         from,
                         "config.uuid_mismatch",
                         "SMBIOS UUID does not match the machine",
@@ -456,13 +459,13 @@ impl ConfigService {
             // A control-plane config holds the cluster's CA keys: it goes only to the UUID an
             // operator (or the machine's discovery) recorded, never to the first one presented.
             None if m.role == Some(Role::ControlPlane) => {
-                return self.refuse(id, from, CONTROL_PLANE_NEEDS_UUID).await
+                return self.refuse(&m, from, CONTROL_PLANE_NEEDS_UUID).await
             }
             None => true,
         };
         match self.awaiting_approval(&m).await {
             Ok(false) => {}
-            Ok(true) => return self.refuse(id, from, AWAITING_APPROVAL).await,
+            Ok(true) => return self.refuse(&m, from, AWAITING_APPROVAL).await,
             Err(e) => {
                 tracing::error!(error = %e, "config fetch: approval look-up failed");
                 return Err(Refusal::Unavailable);
@@ -488,7 +491,7 @@ impl ConfigService {
                     )
                     .await;
                 return self
-                    .refuse(id, from, &format!("config invalid: {reason}"))
+                    .refuse(&m, from, &format!("config invalid: {reason}"))
                     .await;
             }
         };
@@ -514,7 +517,7 @@ impl ConfigService {
                 Err(ServiceError::Conflict(_)) => {
                     return self
                         .refuse_anomaly(
-                            id,
+                            &m,
                             from,
                             "config.uuid_mismatch",
                             "the SMBIOS UUID belongs to another machine",
@@ -527,7 +530,7 @@ impl ConfigService {
                 }
                 Err(e) => {
                     return self
-                        .refuse(id, from, &format!("SMBIOS UUID not recorded: {e}"))
+                        .refuse(&m, from, &format!("SMBIOS UUID not recorded: {e}"))
                         .await
                 }
             }
@@ -557,7 +560,7 @@ impl ConfigService {
             Ok(false) => {
                 return self
                     .refuse_anomaly(
-                        id,
+                        &m,
                         from,
                         "config.token_reused",
                         "the token was used already",
@@ -569,7 +572,7 @@ impl ConfigService {
                 return Err(Refusal::Unavailable);
             }
         }
-        tracing::info!(machine = %id, %from, sha256 = %rendered.sha256, "config served");
+        tracing::info!(machine = %id, name = %m.display_name(), %from, sha256 = %rendered.sha256, "config served");
         Ok(rendered.yaml)
     }
 
@@ -661,8 +664,9 @@ impl ConfigService {
     }
 
     /// Refuse, with a `config.refused` event naming `reason` (throttled per source).
-    async fn refuse(&self, id: MachineId, from: IpAddr, reason: &str) -> Result<String, Refusal> {
-        tracing::info!(machine = %id, %from, reason, "config refused");
+    async fn refuse(&self, m: &Machine, from: IpAddr, reason: &str) -> Result<String, Refusal> {
+        let id = m.id;
+        tracing::info!(machine = %id, name = %m.display_name(), %from, reason, "config refused");
         if let Some(suppressed) = self.throttle.admit(&(id, from, "config.refused", reason)) {
             self.event(
                 id,
@@ -678,12 +682,13 @@ impl ConfigService {
     /// Refuse, recording an anomaly of `kind` (someone other than the machine may be asking).
     async fn refuse_anomaly(
         &self,
-        id: MachineId,
+        m: &Machine,
         from: IpAddr,
         kind: &'static str,
         reason: &str,
     ) -> Result<String, Refusal> {
-        tracing::warn!(machine = %id, %from, kind, reason, "config refused: anomaly");
+        let id = m.id;
+        tracing::warn!(machine = %id, name = %m.display_name(), %from, kind, reason, "config refused: anomaly");
         self.anomaly(id, from, kind, serde_json::json!({ "reason": reason }))
             .await;
         Err(Refusal::Denied)

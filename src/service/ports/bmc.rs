@@ -391,6 +391,20 @@ pub trait Bmc: Send + Sync {
     async fn capabilities(&self) -> Result<Capabilities, BmcError>;
     /// Log out (DELETE the session) and release the connection.
     async fn close(&self) -> Result<(), BmcError>;
+    /// The service root, read without credentials (Redfish serves it to anyone, DSP0266 §13.3.1):
+    /// whether the BMC answers over its TLS mode at all, before any password is sent.
+    async fn service_root(&self) -> Result<ServiceRoot, BmcError>;
+}
+
+/// What a BMC's service root says about it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ServiceRoot {
+    /// `RedfishVersion`.
+    pub redfish_version: Option<String>,
+    /// `Vendor`.
+    pub vendor: Option<String>,
+    /// `Product`.
+    pub product: Option<String>,
 }
 
 /// Builds a client for one BMC from its inventory record and decrypted password.

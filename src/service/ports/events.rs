@@ -28,6 +28,10 @@ pub struct Event {
     pub id: i64,
     /// Machine it concerns.
     pub machine_id: Option<MachineId>,
+    /// That machine as people name it: its host name, else its serial, else its boot (or first)
+    /// MAC address, else its SMBIOS UUID; absent when it has none of them or was removed since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine: Option<String>,
     /// Kind.
     pub kind: String,
     /// Who did it.

@@ -43,6 +43,34 @@ pub struct MachineUpdate {
     pub event: NewEvent,
 }
 
+/// One batch of a streamed import: machines to insert and machines to replace, in file order.
+#[derive(Clone, Debug, Default)]
+pub struct ImportBatch {
+    /// New machines (each gets its `machine.created` event).
+    pub creates: Vec<(MachineId, MachineRecord)>,
+    /// Machines replaced, each with its event.
+    pub updates: Vec<MachineUpdate>,
+}
+
+/// Where a streamed import's batches come from: the store pulls them one at a time inside its
+/// one transaction, so an import of any size holds one batch in memory, not the file.
+#[async_trait]
+pub trait ImportBatches: Send {
+    /// The next batch; `Ok(None)` once the import is whole (the store commits), an error to
+    /// abandon it (the store rolls back and returns the error).
+    async fn next_batch(&mut self) -> Result<Option<ImportBatch>, StoreError>;
+}
+
+/// A source of one batch already in memory.
+struct OneBatch(Option<ImportBatch>);
+
+#[async_trait]
+impl ImportBatches for OneBatch {
+    async fn next_batch(&mut self) -> Result<Option<ImportBatch>, StoreError> {
+        Ok(self.0.take())
+    }
+}
+
 /// Filters and page of a machine listing.
 #[derive(Clone, Debug, Default)]
 pub struct MachineFilter {
@@ -175,12 +203,24 @@ pub trait MachineStore: Send + Sync + 'static {
         event: &NewEvent,
     ) -> Result<Machine, StoreError>;
 
+    /// Write every batch `batches` gives (inserting its `creates`, replacing its `updates`, each
+    /// still at its expected version, with their events) in one transaction: all or none. The
+    /// batches are pulled as they are written; an error from `batches` or from a write rolls
+    /// everything back.
+    async fn import_batches(
+        &self,
+        batches: &mut dyn ImportBatches,
+        actor: &str,
+    ) -> Result<(), StoreError>;
+
     /// Insert many machines and their events in one transaction: all or none.
     async fn import_machines(
         &self,
         rows: &[(MachineId, MachineRecord)],
         actor: &str,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        self.import_and_update(rows, &[], actor).await
+    }
 
     /// Insert `creates` and replace `updates` (each still at its expected version), with their
     /// events, in one transaction: all or none (`import --update`).
@@ -189,7 +229,13 @@ pub trait MachineStore: Send + Sync + 'static {
         creates: &[(MachineId, MachineRecord)],
         updates: &[MachineUpdate],
         actor: &str,
-    ) -> Result<(), StoreError>;
+    ) -> Result<(), StoreError> {
+        let mut one = OneBatch(Some(ImportBatch {
+            creates: creates.to_vec(),
+            updates: updates.to_vec(),
+        }));
+        self.import_batches(&mut one, actor).await
+    }
 
     /// One machine by id.
     async fn get_machine(&self, id: MachineId) -> Result<Option<Machine>, StoreError>;

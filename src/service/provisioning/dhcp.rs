@@ -104,6 +104,9 @@ pub struct DhcpReply {
     pub no_pxedhcp: bool,
     /// Option 56 on NAKs.
     pub message: Option<String>,
+    /// When the lease this answer gives was committed (ACKs; offers too on a shared database):
+    /// for the front door's latency metrics.
+    pub committed: Option<std::time::Instant>,
 }
 
 /// The outcome for one request.
@@ -471,6 +474,7 @@ impl DhcpService {
             boot,
             pxe_vendor: false,
             message: None,
+            committed: None,
         }
     }
 
@@ -485,6 +489,7 @@ impl DhcpService {
             pxe_vendor: false,
             no_pxedhcp: false,
             message: Some(why.to_string()),
+            committed: None,
         })
     }
 
@@ -544,11 +549,13 @@ impl DhcpService {
         {
             return Ok(None);
         }
+        let mut committed = None;
         if self.store.is_shared() {
             let claim = self.lease(req, subnet, ip, LeaseState::Offered, self.timing.offer_ms);
             if !self.store.claim_lease(&claim).await? {
                 return Ok(None);
             }
+            committed = Some(std::time::Instant::now());
         } else if check {
             if let Some(l) = self.store.lease_by_ip(ip).await? {
                 if !reusable(&l, req.mac, now) {
@@ -561,13 +568,9 @@ impl DhcpService {
             return Ok(Some(Outcome::Silent(over.reason())));
         }
         self.with_hint(subnet, |h| h.record_offer(req.mac, ip, until, now));
-        Ok(Some(Outcome::Reply(self.reply(
-            req,
-            subnet,
-            ReplyKind::Offer,
-            ip,
-            true,
-        ))))
+        let mut offer = self.reply(req, subnet, ReplyKind::Offer, ip, true);
+        offer.committed = committed;
+        Ok(Some(Outcome::Reply(offer)))
     }
 
     async fn offer(&self, req: &DhcpRequest, subnet: &Arc<Subnet>) -> Result<Outcome, StoreError> {
@@ -752,19 +755,16 @@ impl DhcpService {
             .store
             .claim_lease(&self.lease(req, subnet, ip, LeaseState::Bound, ms))
             .await?;
+        let committed = std::time::Instant::now();
         self.with_hint(subnet, |h| h.drop_offer(req.mac));
         if !bound {
             self.learn(subnet, ip).await?;
             return Ok(self.nak(subnet, "address is in use"));
         }
         self.mark(subnet, ip, now_ms() + ms);
-        Ok(Outcome::Reply(self.reply(
-            req,
-            subnet,
-            ReplyKind::Ack,
-            ip,
-            true,
-        )))
+        let mut ack = self.reply(req, subnet, ReplyKind::Ack, ip, true);
+        ack.committed = Some(committed);
+        Ok(Outcome::Reply(ack))
     }
 
     async fn decline(

@@ -287,7 +287,7 @@ const PROGRESS_QUEUE: usize = 16;
 const PROGRESS_STEP_BYTES: u64 = 16 << 20;
 
 /// The command an operator runs to put an image in the cache.
-pub(super) fn pull_command(schematic: &str, version: &str, arch: Arch) -> String {
+pub fn pull_command(schematic: &str, version: &str, arch: Arch) -> String {
     let a = match arch {
         Arch::Amd64 => "amd64",
         Arch::Arm64 => "arm64",

@@ -9,7 +9,8 @@
 //! - the boot plan (`plan`): install, local disk, discovery or hold with its reason, the install
 //!   ticket (the boot's config token) and the iPXE script that carries it out;
 //! - the Talos image each plan needs and its pull policy (`images`);
-//! - the boot timeline (`timeline`): every step, attributed to its machine.
+//! - the boot timeline (`timeline`): every step, attributed to its machine;
+//! - why machines wait (`waiting`): held boots with their reason, the image cache per cluster.
 //!
 //! Imports `domain`, the ports and the other use cases of `service`; never a front door, a store
 //! or a concrete client (`app` wires those in).
@@ -20,14 +21,16 @@ mod identity;
 mod images;
 mod plan;
 pub mod timeline;
+mod waiting;
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
 pub use files::{resolve_in, BootFiles, FileRefusal};
 pub use identity::{BootIdentity, DiscoveryLimits, Identities};
-pub use images::{ImageRefusal, ImageRequest};
+pub use images::{pull_command, ImageRefusal, ImageRequest};
 pub use plan::{ScriptAnswer, ScriptOutcome, ScriptRequest};
+pub use waiting::{ArchImage, ClusterImage, Held, Holds};
 
 use self::dhcp::{DhcpRequest, DhcpService, Outcome, ReplyKind};
 use self::timeline::{Step, Timeline};
@@ -109,7 +112,15 @@ pub struct ProvisioningService {
     inner: Arc<Parts>,
     /// Image pulls under way (schematic/version/kernel file), so a poll never starts a second.
     pulls: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    /// Boot-script events per machine, plan and requesting address: a boot asks once or twice,
+    /// a flood of anonymous requests (the MAC is all they need) must not bury the timeline.
+    scripts: Arc<crate::service::throttle::Budget>,
 }
+
+/// Boot-script events of one machine, plan and address written at once...
+const SCRIPT_BURST: f64 = 10.0;
+/// ...and then per second (one every 6 s; an iPXE retry loop asks every 30 s or more).
+const SCRIPT_RATE: f64 = 1.0 / 6.0;
 
 impl std::fmt::Debug for ProvisioningService {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -124,6 +135,10 @@ impl ProvisioningService {
         ProvisioningService {
             inner: Arc::new(parts),
             pulls: Arc::default(),
+            scripts: Arc::new(crate::service::throttle::Budget::new(
+                SCRIPT_RATE,
+                SCRIPT_BURST,
+            )),
         }
     }
 
@@ -223,15 +238,7 @@ impl ProvisioningService {
             IpAddr::V4(ip) => self.machine_at(ip).await?,
             IpAddr::V6(_) => None,
         };
-        let files = self.inner.files.clone();
-        let name = requested.to_string();
-        let (path, bytes) = tokio::task::spawn_blocking(move || {
-            let path = files.resolve(&name)?;
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Ok((path, bytes))
-        })
-        .await
-        .unwrap_or(Err(FileRefusal::Unavailable))?;
+        let (path, bytes) = self.boot_file(requested).await?;
         if let IpAddr::V4(ip) = peer {
             self.inner.timeline.record(Step {
                 kind: "tftp.read",
@@ -244,6 +251,19 @@ impl ProvisioningService {
         Ok(path)
     }
 
+    /// A boot file's path and length: remembered from less than a second ago, else resolved on
+    /// the blocking pool.
+    async fn boot_file(&self, requested: &str) -> Result<(std::path::PathBuf, u64), FileRefusal> {
+        if let Some(found) = self.inner.files.recent(requested) {
+            return Ok(found);
+        }
+        let files = self.inner.files.clone();
+        let name = requested.to_string();
+        tokio::task::spawn_blocking(move || files.resolve_len(&name))
+            .await
+            .unwrap_or(Err(FileRefusal::Unavailable))
+    }
+
     /// HTTP `/ipxe/{file}`: an iPXE binary for UEFI HTTP boot. A whole `GET` of a file that is
     /// there (not the firmware's `HEAD`, which asks for the length and type first, nor a range)
     /// is the `http.ipxe` step of the boot timeline, attributed to the machine at `peer`.
@@ -253,15 +273,7 @@ impl ProvisioningService {
         peer: IpAddr,
         whole_get: bool,
     ) -> Result<std::path::PathBuf, FileRefusal> {
-        let files = self.inner.files.clone();
-        let name = requested.to_string();
-        let (path, bytes) = tokio::task::spawn_blocking(move || {
-            let path = files.resolve(&name)?;
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Ok((path, bytes))
-        })
-        .await
-        .unwrap_or(Err(FileRefusal::Unavailable))?;
+        let (path, bytes) = self.boot_file(requested).await?;
         if let (true, IpAddr::V4(ip)) = (whole_get, peer) {
             tracing::info!(file = %requested, bytes, from = %ip, "ipxe binary served over HTTP");
             self.inner.timeline.record(Step {

@@ -116,7 +116,7 @@ impl ProvisioningService {
         self.record_plan(&m, mac, &plan, discovered, req).await;
         ScriptAnswer {
             outcome: ScriptOutcome::Served,
-            script: machine_script(&plan, arch, &self_url),
+            script: machine_script(&plan, &self_url),
         }
     }
 
@@ -185,6 +185,9 @@ impl ProvisioningService {
             }
         };
         let (schematic, version) = (&ticket.schematic_id, &ticket.talos_version);
+        let talos_version = version
+            .parse::<crate::talos::TalosVersion>()
+            .map_err(|e| format!("the cluster's talosVersion: {e}"))?;
         let images = format!(
             "{}/images/{schematic}/{version}",
             self.inner.settings.images_door.base(base)
@@ -198,15 +201,11 @@ impl ProvisioningService {
                 "{base}/config/{}?token={}&uuid=${{uuid}}",
                 m.id, ticket.token
             ),
-            talos_args: version
-                .parse::<crate::talos::TalosVersion>()
-                .map(|v| {
-                    crate::talos::kernel::default_args(v)
-                        .into_iter()
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            talos_args: crate::talos::kernel::pxe_args(
+                talos_version,
+                arch,
+                &ticket.schematic_kernel_args,
+            ),
             extra_args: ticket.kernel_args,
             wipe: ticket.wipe,
             approval_code: ticket.approval_code,
@@ -237,19 +236,28 @@ impl ProvisioningService {
         if let (Some(reason), serde_json::Value::Object(o)) = (reason, &mut detail) {
             o.insert("reason".into(), reason.into());
         }
+        let kind = if discovered {
+            "boot.discovered"
+        } else {
+            "boot.script"
+        };
+        tracing::info!(machine = %m.id, name = %m.display_name(), %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
+        // Anonymous requests write this event: a burst per machine, plan and address, then a
+        // rate, the requests between counted into the next one.
+        let Some(suppressed) = self.scripts.admit(&(m.id, kind, plan.name(), req.peer)) else {
+            return;
+        };
+        if let (true, serde_json::Value::Object(o)) = (suppressed > 0, &mut detail) {
+            o.insert("suppressed".into(), suppressed.into());
+        }
         let event = NewEvent {
             machine_id: Some(m.id),
-            kind: if discovered {
-                "boot.discovered".into()
-            } else {
-                "boot.script".into()
-            },
+            kind: kind.into(),
             actor: "boot".into(),
             detail,
         };
         if let Err(e) = self.inner.events.append_event(&event).await {
             tracing::warn!(error = %e, "boot: timeline event not written");
         }
-        tracing::info!(machine = %m.id, name = %m.display_name(), %mac, plan = plan.name(), discovered, from = %req.peer, "boot script");
     }
 }

@@ -3,7 +3,10 @@
 //! what it knows (the machine, a MAC, or only the client's address); a background task finds the
 //! machine (`Identities`: by MAC, else by the address's lease or reservation) and writes the
 //! events in batches, off the hot path: a boot never waits for the timeline's database writes, and
-//! when the queue is full a step is dropped and counted rather than slowing a boot.
+//! when the queue is full a step is dropped and counted rather than slowing a boot. Steps come
+//! from anonymous packets (a spoofed TFTP read, DISCOVERs with a machine's MAC), so each machine
+//! and kind has a budget: a burst, then a rate, the steps between counted into the next event
+//! written (`"suppressed": n`) and in `plinth_timeline_suppressed_total`.
 //!
 //! Takes the events port; imports `domain` and the rest of `service`, nothing from `store` or the
 //! front doors.
@@ -40,6 +43,7 @@ pub struct Step {
 pub struct Timeline {
     tx: mpsc::Sender<Step>,
     dropped: Counter,
+    suppressed: Counter,
 }
 
 impl std::fmt::Debug for Timeline {
@@ -57,10 +61,12 @@ impl Timeline {
         stop: CancellationToken,
     ) -> Timeline {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(writer(events, identities, rx, stop));
+        let suppressed = Counter::default();
+        tokio::spawn(writer(events, identities, rx, stop, suppressed.clone()));
         Timeline {
             tx,
             dropped: Counter::default(),
+            suppressed,
         }
     }
 
@@ -76,6 +82,11 @@ impl Timeline {
         self.dropped.get()
     }
 
+    /// Steps over their machine's budget (counted into its next event instead of written).
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed.get()
+    }
+
     /// Export the dropped steps as `plinth_timeline_dropped_total`.
     pub fn register(&self, metrics: &crate::metrics::Metrics) {
         metrics.register(
@@ -83,12 +94,23 @@ impl Timeline {
             "Boot timeline steps dropped because the writer's queue was full",
             self.dropped.clone(),
         );
+        metrics.register(
+            "timeline_suppressed",
+            "Boot timeline steps over their machine's budget, counted into its next event",
+            self.suppressed.clone(),
+        );
     }
 }
 
 /// Steps queued for the writer at most (a boot storm of 1,000 machines makes some 10,000 within
 /// half a minute).
 const QUEUE: usize = 65_536;
+
+/// Steps of one kind for one machine written at once (a boot makes two DHCP rounds, PXE's and
+/// iPXE's, and a few TFTP and HTTP reads)...
+const STEP_BURST: f64 = 20.0;
+/// ...and then per second.
+const STEP_RATE: f64 = 0.2;
 
 /// The machine a step belongs to: the one it names, else the owner of its MAC, else the machine
 /// at its address. A look-up that fails loses the step (logged), never the writer.
@@ -112,7 +134,9 @@ async fn writer(
     identities: Identities,
     mut rx: mpsc::Receiver<Step>,
     stop: CancellationToken,
+    suppressed: Counter,
 ) {
+    let budget = crate::service::throttle::Budget::new(STEP_RATE, STEP_BURST);
     let mut batch = Vec::new();
     loop {
         let first = tokio::select! {
@@ -139,7 +163,14 @@ async fn writer(
             let Some(id) = machine else {
                 continue;
             };
+            let Some(over) = budget.admit(&(id, step.kind)) else {
+                suppressed.inc();
+                continue;
+            };
             let mut detail = step.detail;
+            if let (true, serde_json::Value::Object(o)) = (over > 0, &mut detail) {
+                o.insert("suppressed".into(), over.into());
+            }
             if let (Some(ip), serde_json::Value::Object(o)) = (step.ip, &mut detail) {
                 o.entry("ip").or_insert_with(|| ip.to_string().into());
             }

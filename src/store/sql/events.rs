@@ -50,11 +50,18 @@ impl EventStore for Store {
     }
 
     async fn list_events(&self, f: &EventFilter) -> Result<Vec<Event>, StoreError> {
+        // The machine's name as people use it (`Machine::display_name`), read with the event (a
+        // machine removed since has none): host name, else serial, else its boot (or first) MAC,
+        // else its SMBIOS UUID.
         let mut q = QueryBuilder::<Db>::new(
-            "SELECT id, machine_id, kind, actor, detail, at FROM events WHERE 1 = 1",
+            "SELECT e.id, e.machine_id, e.kind, e.actor, e.detail, e.at, \
+             m.hostname AS m_hostname, m.serial AS m_serial, m.smbios_uuid AS m_uuid, \
+             (SELECT i.mac FROM interfaces i WHERE i.machine_id = e.machine_id \
+              ORDER BY i.boot DESC, i.position LIMIT 1) AS m_mac \
+             FROM events e LEFT JOIN machines m ON m.id = e.machine_id WHERE 1 = 1",
         );
         if let Some(m) = f.machine_id {
-            q.push(" AND machine_id = ").push_bind(m.0);
+            q.push(" AND e.machine_id = ").push_bind(m.0);
         }
         if let Some(k) = &f.kind_prefix {
             let mut pat = String::new();
@@ -65,28 +72,36 @@ impl EventStore for Store {
                 pat.push(c);
             }
             pat.push('%');
-            q.push(" AND kind LIKE ")
+            q.push(" AND e.kind LIKE ")
                 .push_bind(pat)
                 .push(" ESCAPE '\\'");
         }
         if let Some(a) = f.after_id {
-            q.push(" AND id > ").push_bind(a);
+            q.push(" AND e.id > ").push_bind(a);
         }
         // The newest `limit` events, returned oldest first.
         let limit = i64::from(f.limit.clamp(1, 10_000));
         if f.after_id.is_some() {
-            q.push(" ORDER BY id ASC LIMIT ").push_bind(limit);
+            q.push(" ORDER BY e.id ASC LIMIT ").push_bind(limit);
         } else {
-            q.push(" ORDER BY id DESC LIMIT ").push_bind(limit);
+            q.push(" ORDER BY e.id DESC LIMIT ").push_bind(limit);
         }
         let rows = q.build().fetch_all(&self.read).await?;
         let mut out = Vec::with_capacity(rows.len());
         for r in rows {
             let mid: Option<Uuid> = r.try_get("machine_id")?;
             let detail: sqlx::types::Json<serde_json::Value> = r.try_get("detail")?;
+            let hostname: Option<String> = r.try_get("m_hostname")?;
+            let serial: Option<String> = r.try_get("m_serial")?;
+            let mac: Option<String> = r.try_get("m_mac")?;
+            let uuid: Option<Uuid> = r.try_get("m_uuid")?;
             out.push(Event {
                 id: r.try_get("id")?,
                 machine_id: mid.map(MachineId),
+                machine: hostname
+                    .or(serial)
+                    .or(mac)
+                    .or_else(|| uuid.map(|u| u.to_string())),
                 kind: r.try_get("kind")?,
                 actor: r.try_get("actor")?,
                 detail: detail.0,

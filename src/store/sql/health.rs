@@ -7,10 +7,14 @@ use chrono::Utc;
 use sqlx::Row as _;
 
 use super::Store;
-use crate::service::ports::{StoreError, StoreHealth};
+use crate::service::ports::{CommitObserver, MigrationGap, StoreError, StoreHealth};
 
 #[async_trait]
 impl StoreHealth for Store {
+    fn observe_commits(&self, observer: std::sync::Arc<dyn CommitObserver>) {
+        self.group_commit.observe(observer);
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.read).await?;
         Ok(())
@@ -71,5 +75,35 @@ impl StoreHealth for Store {
         .fetch_one(&self.write)
         .await?;
         Ok(r.try_get("sealed")?)
+    }
+
+    async fn migration_gap(&self) -> Result<MigrationGap, StoreError> {
+        let tables: i64 = sqlx::query_scalar(super::MIGRATIONS_TABLE_EXISTS)
+            .fetch_one(&self.read)
+            .await?;
+        let applied: Vec<i64> = if tables > 0 {
+            sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success = TRUE")
+                .fetch_all(&self.read)
+                .await?
+        } else {
+            Vec::new()
+        };
+        let known: Vec<(i64, String)> = super::MIGRATOR
+            .iter()
+            .map(|m| (m.version, m.description.to_string()))
+            .collect();
+        Ok(MigrationGap {
+            known: known.len(),
+            pending: known
+                .iter()
+                .filter(|(v, _)| !applied.contains(v))
+                .map(|(v, d)| format!("{v:04}_{}", d.replace(' ', "_")))
+                .collect(),
+            unknown: applied
+                .iter()
+                .copied()
+                .filter(|v| !known.iter().any(|(k, _)| k == v))
+                .collect(),
+        })
     }
 }

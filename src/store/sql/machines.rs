@@ -17,7 +17,7 @@ use crate::domain::{
     Role, UniqueKey,
 };
 use crate::service::ports::{
-    MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, MachineUpdate, NewEvent,
+    ImportBatches, MachineFilter, MachinePage, MachineRecord, MachineSort, MachineStore, NewEvent,
     PasswordChange, StoreError,
 };
 use crate::store::{like_pattern, parse_enum, CHUNK};
@@ -181,7 +181,7 @@ async fn insert_machines(
         let mut q = QueryBuilder::<Db>::new(
             "INSERT INTO machines (id, hostname, smbios_uuid, serial, asset_tag, manufacturer, model, \
              site, rack, rack_unit, role, cluster, profile, state, state_reason, created_at, updated_at, \
-             version) ",
+             version, search_text) ",
         );
         q.push_values(chunk, |mut b, (id, state, rec)| {
             let s = &rec.spec;
@@ -202,7 +202,8 @@ async fn insert_machines(
                 .push_bind(None::<String>)
                 .push_bind(now)
                 .push_bind(now)
-                .push_bind(1_i64);
+                .push_bind(1_i64)
+                .push_bind(s.search_text());
         });
         q.build().execute(&mut **tx).await?;
     }
@@ -321,33 +322,11 @@ fn push_filter(q: &mut QueryBuilder<'_, Db>, f: &MachineFilter) {
         q.push(" AND m.role = ").push_bind(r.as_str());
     }
     if let Some(text) = f.q.as_deref().filter(|t| !t.trim().is_empty()) {
-        let pat = like_pattern(text);
-        q.push(" AND (");
-        for (i, col) in [
-            "m.hostname",
-            "m.serial",
-            "m.asset_tag",
-            "m.manufacturer",
-            "m.model",
-            "m.site",
-            "m.rack",
-            "m.cluster",
-        ]
-        .iter()
-        .enumerate()
-        {
-            if i > 0 {
-                q.push(" OR ");
-            }
-            q.push(format!("LOWER({col}) LIKE "))
-                .push_bind(pat.clone())
-                .push(" ESCAPE '\\'");
-        }
-        q.push(" OR EXISTS (SELECT 1 FROM interfaces i WHERE i.machine_id = m.id AND (i.mac LIKE ")
-            .push_bind(pat.clone())
-            .push(" ESCAPE '\\' OR i.ipv4 LIKE ")
-            .push_bind(pat)
-            .push(" ESCAPE '\\')))");
+        // One precomputed column (`MachineSpec::search_text`): host name, serial, asset tag,
+        // manufacturer, model, site, rack, cluster, MACs and IPv4s, lower-cased.
+        q.push(" AND m.search_text LIKE ")
+            .push_bind(like_pattern(text))
+            .push(" ESCAPE '\\'");
     }
 }
 
@@ -363,8 +342,8 @@ async fn update_in_tx(
     let done = sqlx::query(
         "UPDATE machines SET hostname = $1, smbios_uuid = $2, serial = $3, asset_tag = $4, \
              manufacturer = $5, model = $6, site = $7, rack = $8, rack_unit = $9, role = $10, \
-             cluster = $11, profile = $12, updated_at = $13, version = version + 1 \
-             WHERE id = $14 AND version = $15",
+             cluster = $11, profile = $12, updated_at = $13, version = version + 1, \
+             search_text = $16 WHERE id = $14 AND version = $15",
     )
     .bind(s.hostname.clone())
     .bind(s.smbios_uuid)
@@ -381,6 +360,7 @@ async fn update_in_tx(
     .bind(Utc::now())
     .bind(id.0)
     .bind(expected_version)
+    .bind(s.search_text())
     .execute(&mut **tx)
     .await?;
     if done.rows_affected() == 0 {
@@ -508,48 +488,43 @@ impl MachineStore for Store {
         Ok(m)
     }
 
-    async fn import_machines(
+    async fn import_batches(
         &self,
-        rows: &[(MachineId, MachineRecord)],
-        actor: &str,
-    ) -> Result<(), StoreError> {
-        // An import that updates nothing: the same transaction and events.
-        self.import_and_update(rows, &[], actor).await
-    }
-
-    async fn import_and_update(
-        &self,
-        creates: &[(MachineId, MachineRecord)],
-        updates: &[MachineUpdate],
+        batches: &mut dyn ImportBatches,
         actor: &str,
     ) -> Result<(), StoreError> {
         let (_turn, mut tx) = self.begin_write().await?;
-        let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = creates
-            .iter()
-            .map(|(id, r)| (*id, LifecycleState::Registered, r))
-            .collect();
-        insert_machines(&mut tx, &with_state).await?;
-        for u in updates {
-            update_in_tx(&mut tx, u.id, u.expected_version, &u.rec).await?;
+        // Dropped without a commit (an error from a batch or a write), the transaction rolls back.
+        while let Some(batch) = batches.next_batch().await? {
+            let with_state: Vec<(MachineId, LifecycleState, &MachineRecord)> = batch
+                .creates
+                .iter()
+                .map(|(id, r)| (*id, LifecycleState::Registered, r))
+                .collect();
+            insert_machines(&mut tx, &with_state).await?;
+            for u in &batch.updates {
+                update_in_tx(&mut tx, u.id, u.expected_version, &u.rec).await?;
+            }
+            let created: Vec<NewEvent> = batch
+                .creates
+                .iter()
+                .map(|(id, r)| NewEvent {
+                    machine_id: Some(*id),
+                    kind: "machine.created".into(),
+                    actor: actor.to_string(),
+                    detail: serde_json::json!({
+                        "state": LifecycleState::Registered,
+                        "import": true,
+                        "changes": spec_diff(None, Some(&r.spec)),
+                    }),
+                })
+                .collect();
+            let refs: Vec<&NewEvent> = created
+                .iter()
+                .chain(batch.updates.iter().map(|u| &u.event))
+                .collect();
+            insert_events(&mut tx, &refs).await?;
         }
-        let created: Vec<NewEvent> = creates
-            .iter()
-            .map(|(id, r)| NewEvent {
-                machine_id: Some(*id),
-                kind: "machine.created".into(),
-                actor: actor.to_string(),
-                detail: serde_json::json!({
-                    "state": LifecycleState::Registered,
-                    "import": true,
-                    "changes": spec_diff(None, Some(&r.spec)),
-                }),
-            })
-            .collect();
-        let refs: Vec<&NewEvent> = created
-            .iter()
-            .chain(updates.iter().map(|u| &u.event))
-            .collect();
-        insert_events(&mut tx, &refs).await?;
         tx.commit().await?;
         Ok(())
     }

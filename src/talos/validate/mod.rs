@@ -22,6 +22,7 @@ use serde_yaml_ng::Value;
 pub mod cel;
 mod kinds;
 mod rules;
+pub mod shape;
 mod v1alpha1;
 
 pub use rules::V1ALPHA1_RULES;

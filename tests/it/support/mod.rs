@@ -364,7 +364,12 @@ impl TestServer {
 
     /// `extra_toml` goes into the `[http]` table (and may open further tables).
     pub async fn start_with(backend: Backend, extra_toml: &str) -> TestServer {
-        let db = TestDb::new(backend).await;
+        Self::start_on(TestDb::new(backend).await, extra_toml).await
+    }
+
+    /// A server on a database another instance may have written first (with the same key,
+    /// `test.key` of the database's directory).
+    pub async fn start_on(db: TestDb, extra_toml: &str) -> TestServer {
         let cfg = config(&db, extra_toml);
         let running = plinth::app::spawn(&cfg).await.expect("server starts");
         let store = plinth::app::open_store(&cfg, false).await.expect("store");
@@ -449,6 +454,32 @@ impl TestServer {
             .bearer_auth(token)
     }
 
+    /// A console session signed in with `token` as a browser does it: the sign-in form (its
+    /// cookie and CSRF token), then the POST. The session's cookie pair (`plinth_session=...`).
+    pub async fn console_session(&self, token: &str) -> String {
+        let (form_cookie, csrf) = self.console_sign_in_form().await;
+        let r = no_redirects()
+            .post(self.url("/console/sign-in"))
+            .header("cookie", &form_cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(format!("token={token}&csrf={csrf}"))
+            .answer()
+            .await
+            .expect_status(StatusCode::SEE_OTHER);
+        set_cookie(&r, "plinth_session").expect("a session cookie")
+    }
+
+    /// The console's sign-in form: its cookie pair (`plinth_sign_in=...`) and CSRF token.
+    pub async fn console_sign_in_form(&self) -> (String, String) {
+        let r = no_redirects()
+            .get(self.url("/console/sign-in"))
+            .answer()
+            .await
+            .expect_status(StatusCode::OK);
+        let cookie = set_cookie(&r, "plinth_sign_in").expect("the sign-in form's cookie");
+        (cookie, form_field(&r.text, "csrf"))
+    }
+
     /// Stop the server and start it again on the same database and key (a new port: `base`
     /// changes; the tokens stay valid).
     pub async fn restart(&mut self, extra_toml: &str) {
@@ -483,4 +514,33 @@ macro_rules! both_backends {
             async fn $name() { super::$name(super::support::Backend::Postgres).await })+
         }
     };
+}
+
+/// A client that does not follow redirects (to see the console's 303s).
+pub fn no_redirects() -> Client {
+    Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// The `name=value` pair of the cookie `name` an answer sets, if it sets one.
+pub fn set_cookie(r: &Answer, name: &str) -> Option<String> {
+    r.headers
+        .get_all("set-cookie")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .filter_map(|v| v.split(';').next())
+        .find(|pair| pair.split('=').next() == Some(name))
+        .map(str::to_string)
+}
+
+/// The value of the hidden form field `name` in a console page.
+pub fn form_field(html: &str, name: &str) -> String {
+    let marker = format!("name=\"{name}\" value=\"");
+    let at = html
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no field {name} in the page"))
+        + marker.len();
+    html[at..].split('"').next().unwrap_or("").to_string()
 }

@@ -77,9 +77,17 @@ impl NetLab {
         c
     }
 
-    /// Start a long-running process in a namespace; it is killed on drop.
+    /// Start a long-running process in a namespace, its stdin from /dev/null; it is killed on
+    /// drop.
     pub fn spawn(&mut self, mut cmd: Command) -> &mut Child {
-        let child = cmd.stdin(Stdio::null()).spawn().expect("spawn in netns");
+        cmd.stdin(Stdio::null());
+        self.spawn_as_is(cmd)
+    }
+
+    /// Start a long-running process in a namespace with the stdin `cmd` was given (a pipe the
+    /// test holds, for a process that runs until its stdin closes); it is killed on drop.
+    pub fn spawn_as_is(&mut self, mut cmd: Command) -> &mut Child {
+        let child = cmd.spawn().expect("spawn in netns");
         self.children.push(child);
         self.children.last_mut().expect("child")
     }

@@ -49,7 +49,15 @@
     if (!window.EventSource) { say("Live updates need a browser with EventSource; reload to see new events."); return; }
     var source = new EventSource(url);
     source.onopen = function () { say("Live: new events appear here."); };
-    source.onerror = function () { say("Live stream interrupted; reconnecting\u2026"); };
+    source.onerror = function () {
+      // The server ends the stream when the session signs out or expires; the browser's
+      // reconnection then lands on the sign-in page (not a stream) and gives up.
+      if (source.readyState === EventSource.CLOSED) {
+        say("Live stream ended (signed out, or the session expired): reload the page to sign in again.");
+      } else {
+        say("Live stream interrupted; reconnecting\u2026");
+      }
+    };
     source.onmessage = function (msg) {
       var e;
       try { e = JSON.parse(msg.data); } catch (err) { return; }
