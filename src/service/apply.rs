@@ -316,8 +316,16 @@ pub async fn apply(
         let rec = configs.seal_cluster(spec.clone(), secret)?;
         let old = before.clusters.get(&spec.name);
         if let Some(o) = old {
-            if let Some(problem) = version_step_back(&o.spec, spec) {
-                report.errors.push(problem);
+            if let Some(message) = version_step_back(&o.spec, spec) {
+                report.errors.push(ApplyProblem {
+                    at: declared
+                        .locations
+                        .at("Cluster", &spec.name, "talosVersion")
+                        .unwrap_or_else(|| "inventory".into()),
+                    field: "talosVersion".into(),
+                    message,
+                    machines: Vec::new(),
+                });
             }
         }
         let action = match old {
