@@ -256,7 +256,9 @@ fn doctor_names_what_an_operator_gets_wrong() {
     let k = check(&checks, "secret key");
     assert_eq!(k["status"], "fail", "{k}");
     assert!(
-        k["detail"].as_str().is_some_and(|d| d.contains("fingerprint"))
+        k["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("fingerprint"))
             && k["fix"].as_str().is_some_and(|f| f.contains("backup")),
         "{k}"
     );
