@@ -576,9 +576,9 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
         .expect("apply");
     assert!(!r.applied, "{:?}", r.errors);
     assert!(
-        r.errors
-            .iter()
-            .any(|e| e.contains("talosVersion v1.12.11 is older than v1.13.9")),
+        r.errors.iter().any(|e| e
+            .to_string()
+            .contains("talosVersion v1.12.11 is older than v1.13.9")),
         "{:?}",
         r.errors
     );
