@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = [
         "proto/machine/machine.proto",
         "proto/machine/lifecycle.proto",
+        "proto/machine/image.proto",
         "proto/cluster/cluster.proto",
     ];
     println!("cargo:rerun-if-changed=proto");

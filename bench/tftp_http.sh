@@ -7,7 +7,14 @@
 #   files of 100 KiB and 1 MiB; 20 and 100 concurrent clients; curl with blksize 512 and 1468,
 #   atftp with blksize 1468, and atftp with blksize 1468 + windowsize 16 (RFC 7440; only Plinth
 #   grants it, the peers answer without it and run lock-step). Then one client alone, atftp with
-#   windowsize 16, on a 1 MiB and a 16 MiB file: MB/s of a single transfer.
+#   windowsize 16, on a 1 MiB and a 16 MiB file, and lock-step (curl and atftp, blksize 1468, no
+#   window) on the 1 MiB file: MB/s of a single transfer.
+# TFTP storm ("storm", transfers per second): 20 and 100 curl clients started first and then
+#   released together by a barrier, each fetching the file --storm-fetches times back to back in
+#   one curl process (no process start-up between its transfers), lock-step (blksize 512 and
+#   1468), 100 KiB and 1 MiB; the rate is all transfers over the time from the release to the
+#   last client's end. Short-lived clients that arrive together: the pattern where each
+#   transfer's set-up and first block weigh most.
 # HTTP (MB/s): a 100 MiB initramfs from Plinth's image cache (`plinth image import`) and from
 #   nginx (Debian defaults that matter: sendfile on, tcp_nopush on, one worker per core): one
 #   stream (curl in a loop), and 50 concurrent downloads (one wave of 50 curls). Plinth twice:
@@ -25,8 +32,9 @@
 #
 # Needs root, ip, python3, curl, atftp, in.tftpd (tftpd-hpa), dnsmasq (dnsmasq-base), nginx
 # (nginx-light), wrk. Usage:
-#   bench/tftp_http.sh [--rounds 3] [--seconds 5] [--only "tftp single http wrk"] [--raw FILE]
-#     [--match REGEX]   (TFTP load cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
+#   bench/tftp_http.sh [--rounds 3] [--seconds 5] [--only "tftp storm single http wrk"] [--raw FILE]
+#     [--match REGEX]   (TFTP load and storm cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
+#     [--storm-fetches 5]
 # Environment: PLINTH_BIN (default: $CARGO_TARGET_DIR or target, /release/plinth, built if missing),
 #   PLINTH_SCHEMA_DIR (Talos JSON schemas; default ../shared/talos/schemas when present).
 # Peer settings worth knowing: dnsmasq gets --tftp-max=1000 (its default of 50 concurrent
@@ -36,7 +44,8 @@ set -euo pipefail
 
 ROUNDS=3
 SECS=5
-ONLY="tftp single http wrk"
+ONLY="tftp storm single http wrk"
+STORM_FETCHES=5
 RAW=""
 MATCH=""
 while [ $# -gt 0 ]; do
@@ -46,6 +55,7 @@ while [ $# -gt 0 ]; do
         --only) ONLY="$2"; shift 2 ;;
         --raw) RAW="$2"; shift 2 ;;
         --match) MATCH="$2"; shift 2 ;;
+        --storm-fetches) STORM_FETCHES="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -202,7 +212,9 @@ declare -A TFTP_PORT=([plinth]=6969 [tftpd-hpa]=6970 [dnsmasq]=69)
 
 # ---------------------------------------------------------------------------------------------
 # The load driver: N workers running a client command; "loop" repeats it until --seconds have
-# passed (a transfer under way finishes and counts), "once" runs it once per worker.
+# passed (a transfer under way finishes and counts), "once" runs it once per worker, "storm:K"
+# starts every worker's process first, holds them at a barrier, releases them together and runs
+# the command once each (it makes K transfers), timing from the release.
 # Prints: completions failures elapsed_seconds.
 cat >"$WORK/load.py" <<'EOF'
 import subprocess, sys, threading, time
@@ -211,6 +223,37 @@ ok = fail = 0
 lock = threading.Lock()
 start = time.monotonic()
 deadline = start + secs
+if mode.startswith("storm:"):
+    per = int(mode.split(":")[1])
+    barrier = threading.Barrier(conc + 1)
+    def stormer():
+        global ok, fail
+        # The client process exists before the release; it reads one byte (the go) from its
+        # stdin and then execs the command, so the release starts transfers, not processes.
+        p = subprocess.Popen(["sh", "-c", "read go; exec \"$@\"", "storm"] + cmd,
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+        barrier.wait()
+        p.stdin.write(b"go\n"); p.stdin.close()
+        try:
+            rc = p.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            p.kill(); rc = -1
+        with lock:
+            if rc == 0:
+                ok += per
+            else:
+                fail += per
+    threads = [threading.Thread(target=stormer) for _ in range(conc)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)  # every shell started and waiting on its stdin
+    barrier.wait()
+    start = time.monotonic()
+    for t in threads:
+        t.join()
+    print(ok, fail, "%.4f" % (time.monotonic() - start))
+    sys.exit(0)
 def worker():
     global ok, fail
     while True:
@@ -242,6 +285,11 @@ tftp_cmd() { # $1 server, $2 client config, $3 file -> the client command line
         atftp-1468) echo "atftp --option blksize\\ 1468 -g -r $3 -l /dev/null $S_IP $port" ;;
         atftp-1468-w16) echo "atftp --option blksize\\ 1468 --option windowsize\\ 16 -g -r $3 -l /dev/null $S_IP $port" ;;
     esac
+}
+storm_cmd() { # $1 server, $2 blksize, $3 file, $4 fetches -> one curl fetching the file $4 times
+    local port=${TFTP_PORT[$1]} i out="curl -sf --tftp-blksize $2"
+    for i in $(seq 1 "$4"); do out="$out -o /dev/null tftp://$S_IP:$port/$3"; done
+    echo "$out"
 }
 run_client() { # $@ = an argument vector; eval splits the escaped spaces of tftp_cmd
     eval "set -- $*"
@@ -290,10 +338,31 @@ if want tftp; then
     done
 fi
 
+if want storm; then
+    for file in f100k.bin f1m.bin; do
+        for conc in 20 100; do
+            for bs in 512 1468; do
+                name="tftp storm $file x$conc curl-$bs x$STORM_FETCHES"
+                if [ -n "$MATCH" ] && ! grep -Eq -- "$MATCH" <<<"$name"; then continue; fi
+                for r in $(seq 1 "$ROUNDS"); do
+                    for srv in plinth tftpd-hpa dnsmasq; do
+                        read -r ok fail el < <(run_client python3 "$WORK/load.py" "storm:$STORM_FETCHES" "$conc" 0 $(storm_cmd $srv $bs $file "$STORM_FETCHES"))
+                        v=$(awk -v o="$ok" -v e="$el" 'BEGIN {printf "%.1f", o/e}')
+                        record "$name" "$srv" "$v" "$fail"
+                        echo "  $name round $r $srv: $v transfers/s ($fail failed)"
+                    done
+                done
+            done
+        done
+    done
+fi
+
 if want single; then
     for file in f1m.bin f16m.bin; do
         size=$(stat -c %s "$TFTP_DIR/$file")
-        for c in atftp-1468-w16; do
+        cases="atftp-1468-w16"
+        [ "$file" = f1m.bin ] && cases="atftp-1468-w16 curl-1468 atftp-1468"
+        for c in $cases; do
             name="tftp single $file $c MB/s"
             for r in $(seq 1 "$ROUNDS"); do
                 for srv in plinth tftpd-hpa dnsmasq; do

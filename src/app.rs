@@ -12,7 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{Config, DhcpConfig, SecretKeySource, SECRET_KEY_ENV};
 use crate::http::{self, AppState};
-use crate::service::ports::Stores;
+use crate::metrics::AtomicHistogram;
+use crate::service::ports::{CommitObserver, CommitReport, Stores};
 use crate::service::provisioning::dhcp::{DhcpService, LeaseTiming};
 use crate::service::provisioning::timeline::Timeline;
 use crate::service::provisioning::{
@@ -162,6 +163,22 @@ pub fn clusters(
     )
 }
 
+/// The upgrade use case over the cluster use cases, its port of `stores` and where etcd
+/// snapshots are found.
+pub fn upgrades(
+    clusters: &crate::service::clusters::Clusters,
+    stores: &Stores,
+    snapshots: Arc<dyn crate::service::upgrade::SnapshotCheck>,
+    settings: crate::service::UpgradeSettings,
+) -> crate::service::Upgrades {
+    crate::service::Upgrades::new(
+        clusters.clone(),
+        stores.upgrades.clone(),
+        snapshots,
+        settings,
+    )
+}
+
 /// The workflow use case over the other use cases and its ports of `stores`.
 pub fn workflows(
     inventory: &Inventory,
@@ -178,6 +195,7 @@ pub fn workflows(
         stores.reinstalls.clone(),
         stores.events.clone(),
         clusters,
+        stores.upgrades.clone(),
         settings,
     )
 }
@@ -354,6 +372,31 @@ fn write_private(path: &std::path::Path, text: &str) -> std::io::Result<()> {
 }
 
 /// Bind the DHCP sockets a configuration asks for (before anything is served).
+/// Raw ICMPv6 sockets for the router advertisements of subnets with `ipv6_ra`, one per link
+/// DHCP serves that holds such a subnet's address.
+fn bind_ra(d: &DhcpConfig) -> anyhow::Result<Vec<(crate::dhcp::ra::RaLink, socket2::Socket)>> {
+    let links = crate::dhcp::ra::links(&d.subnets, &d.interfaces);
+    for s in d.subnets.iter().filter(|s| s.router_advert.is_some()) {
+        if !links.is_empty() || !s.relay_agents.is_empty() {
+            continue;
+        }
+        tracing::warn!(subnet = %s.net, "ipv6_ra: no interface DHCP serves holds an address of this subnet: no router advertisements are sent for it");
+    }
+    links
+        .into_iter()
+        .map(|l| {
+            let s = crate::dhcp::ra::bind(&l).map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open a raw ICMPv6 socket on {} for router advertisements \
+                     (dhcp.subnet ipv6_ra; needs root or CAP_NET_RAW, and IPv6 on the interface): {e}",
+                    l.interface
+                )
+            })?;
+            Ok((l, s))
+        })
+        .collect()
+}
+
 fn bind_dhcp(d: &DhcpConfig) -> anyhow::Result<Vec<crate::dhcp::DhcpSocket>> {
     let ifaces: Vec<Option<&str>> = if d.interfaces.is_empty() {
         vec![None]
@@ -496,6 +539,76 @@ where
     })
 }
 
+/// The store's group commit in `/metrics` (the observer is called on the writer's task after
+/// each transaction: atomics only).
+struct CommitMetrics {
+    writes: AtomicHistogram,
+    waited: AtomicHistogram,
+    took: AtomicHistogram,
+    commits: prometheus_client::metrics::counter::Counter,
+    rollbacks: prometheus_client::metrics::counter::Counter,
+    queued: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl CommitMetrics {
+    fn register(metrics: &crate::metrics::Metrics) -> Self {
+        let m = CommitMetrics {
+            writes: AtomicHistogram::sizes(),
+            waited: AtomicHistogram::seconds(),
+            took: AtomicHistogram::seconds(),
+            commits: Default::default(),
+            rollbacks: Default::default(),
+            queued: Default::default(),
+        };
+        metrics.register(
+            "store_commit_writes",
+            "Writes per group-commit transaction (DHCP leases, boot events, config tokens)",
+            m.writes.clone(),
+        );
+        metrics.register(
+            "store_commit_wait_seconds",
+            "Time the first write of a group-commit transaction waited in the queue",
+            m.waited.clone(),
+        );
+        metrics.register(
+            "store_commit_seconds",
+            "Time of a group-commit transaction, begin to durable commit",
+            m.took.clone(),
+        );
+        metrics.register(
+            "store_commits",
+            "Group-commit transactions committed: one fsync of the WAL each on SQLite \
+             (synchronous=FULL), one commit on PostgreSQL; its rate is the fsyncs per second",
+            m.commits.clone(),
+        );
+        metrics.register(
+            "store_commit_rollbacks",
+            "Group-commit transactions rolled back (their writes then retried one by one)",
+            m.rollbacks.clone(),
+        );
+        metrics.register(
+            "store_commit_queued",
+            "Writes queued for the group commit after its last transaction",
+            m.queued.clone(),
+        );
+        m
+    }
+}
+
+impl CommitObserver for CommitMetrics {
+    fn transaction(&self, r: CommitReport) {
+        self.writes.observe_units(r.writes as u64);
+        self.waited.observe_duration(r.waited);
+        self.took.observe_duration(r.took);
+        if r.committed {
+            self.commits.inc();
+        } else {
+            self.rollbacks.inc();
+        }
+        self.queued.set(i64::try_from(r.queued).unwrap_or(i64::MAX));
+    }
+}
+
 /// Open everything and start serving.
 pub async fn spawn(config: &Config) -> anyhow::Result<Running> {
     let stores = open_store(config, true).await?;
@@ -533,6 +646,10 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         Some(d) => bind_dhcp(d)?,
         None => Vec::new(),
     };
+    let ra_sockets = match &config.dhcp {
+        Some(d) => bind_ra(d)?,
+        None => Vec::new(),
+    };
     let tftp_socket = match &config.tftp {
         Some(t) => Some(std::net::UdpSocket::bind(t.listen).map_err(|e| {
             if e.kind() == std::io::ErrorKind::PermissionDenied {
@@ -565,6 +682,9 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         None => None,
     };
     let metrics = Arc::new(crate::metrics::Metrics::new());
+    stores
+        .health
+        .observe_commits(Arc::new(CommitMetrics::register(&metrics)));
     let shutdown = CancellationToken::new();
     let mut tasks = JoinSet::new();
     let identities = Identities::new(stores.machines.clone(), stores.leases.clone());
@@ -667,6 +787,13 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         })?;
         tasks.spawn(done);
     }
+    if !ra_sockets.is_empty() {
+        let (m, stop) = (
+            crate::dhcp::ra::RaMetrics::register(&metrics),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move { crate::dhcp::ra::serve(ra_sockets, m, stop).await });
+    }
     if let (Some(sock), Some(t)) = (tftp_socket, &config.tftp) {
         let opts = crate::tftp::TftpOptions {
             max_block_size: t.max_block_size,
@@ -693,6 +820,19 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         },
     );
     clusters.register_metrics(&metrics);
+    let upgrades = upgrades(
+        &clusters,
+        &stores,
+        Arc::new(crate::service::upgrade::NoSnapshots),
+        config.upgrades.clone(),
+    );
+    tasks.spawn({
+        let (u, stop) = (upgrades.clone(), shutdown.clone());
+        async move {
+            u.run(stop).await;
+            Ok(())
+        }
+    });
     let workflows = workflows(
         &inventory,
         &configs,
@@ -721,6 +861,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
     let state = AppState {
         shutdown: shutdown.clone(),
         workflows,
+        upgrades,
         configs,
         inventory,
         tokens: tokens(&stores),

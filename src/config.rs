@@ -143,6 +143,22 @@ pub struct RawConfig {
     /// `[images]`.
     #[serde(default)]
     pub images: RawImages,
+    /// `[upgrades]`.
+    #[serde(default)]
+    pub upgrades: RawUpgrades,
+}
+
+/// `[upgrades]`: the pace of rolling Talos upgrades.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpgrades {
+    /// How often rollouts are moved on and nodes asked, seconds (default 2).
+    pub poll_seconds: Option<u64>,
+    /// How long an instance's hold on a rollout lasts without renewal, seconds (default 30):
+    /// how soon another instance (or this one restarted) takes over a rollout whose driver died.
+    pub lease_seconds: Option<u64>,
+    /// Longest image pull, and longest install, on one node, seconds (default 900).
+    pub install_wait_seconds: Option<u64>,
 }
 
 /// `[images]`: where Talos kernels and initramfs images come from.
@@ -282,6 +298,12 @@ pub struct RawSubnet {
     pub unknown_share: Option<f64>,
     /// Addresses one relay circuit (a switch port, option 82) may hold at once (default 4).
     pub leases_per_circuit: Option<u32>,
+    /// Send IPv6 router advertisements (router lifetime 0, no prefix) on this subnet's link, so
+    /// that iPXE's IPv6 autoconfiguration finishes at once (default false).
+    pub ipv6_ra: Option<bool>,
+    /// Prefixes (/64) those advertisements offer for address autoconfiguration (default none).
+    #[serde(default)]
+    pub ipv6_ra_prefixes: Vec<String>,
 }
 
 /// `[database]`.
@@ -393,6 +415,8 @@ pub struct Config {
     pub workflows: crate::service::WorkflowSettings,
     /// How often the workflow engine runs.
     pub workflow_tick: std::time::Duration,
+    /// Rolling upgrades (`[upgrades]`).
+    pub upgrades: crate::service::UpgradeSettings,
     /// Image Factory for on-demand pulls (`[images].factory_url`).
     pub image_factory: Option<String>,
 }
@@ -433,6 +457,47 @@ fn ipv4(key: &str, v: &str) -> Result<std::net::Ipv4Addr, SettingsError> {
     v.trim()
         .parse()
         .map_err(|_| SettingsError::new(key, format!("`{v}` is not an IPv4 address")))
+}
+
+/// A subnet's `ipv6_ra` and `ipv6_ra_prefixes`.
+fn router_advert(
+    k: &dyn Fn(&str) -> String,
+    on: Option<bool>,
+    prefixes: &[String],
+    mode: crate::domain::dhcp::SubnetMode,
+) -> Result<Option<crate::domain::dhcp::RouterAdvert>, SettingsError> {
+    if !on.unwrap_or(false) {
+        if !prefixes.is_empty() {
+            return Err(SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                "advertised only with ipv6_ra = true: set it, or remove the prefixes",
+            ));
+        }
+        return Ok(None);
+    }
+    if mode == crate::domain::dhcp::SubnetMode::Off {
+        return Err(SettingsError::new(
+            &k("ipv6_ra"),
+            "a subnet with mode = \"off\" is not served: router advertisements need a served link",
+        ));
+    }
+    let mut out = Vec::new();
+    for p in prefixes {
+        let net: ipnet::Ipv6Net = p.trim().parse().map_err(|_| {
+            SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                format!("`{p}` is not an IPv6 prefix such as fd00:10::/64"),
+            )
+        })?;
+        if net.prefix_len() != 64 {
+            return Err(SettingsError::new(
+                &k("ipv6_ra_prefixes"),
+                format!("`{p}`: address autoconfiguration needs a /64 (RFC 4862 section 5.5.3)"),
+            ));
+        }
+        out.push(net.trunc());
+    }
+    Ok(Some(crate::domain::dhcp::RouterAdvert { prefixes: out }))
 }
 
 impl RawDhcp {
@@ -559,6 +624,7 @@ impl RawDhcp {
                     }
                     Some(n) => n,
                 },
+                router_advert: router_advert(&k, raw.ipv6_ra, &raw.ipv6_ra_prefixes, mode)?,
             };
             if let Some(o) = subnets
                 .iter()
@@ -842,6 +908,24 @@ impl RawConfig {
         let workflow_tick = secs("workflows.tick_seconds", w.tick_seconds, 2)?
             .to_std()
             .unwrap_or(std::time::Duration::from_secs(2));
+        let u = &self.upgrades;
+        let poll = secs("upgrades.poll_seconds", u.poll_seconds, 2)?;
+        let lease = secs("upgrades.lease_seconds", u.lease_seconds, 30)?;
+        if lease < poll * 2 {
+            return Err(SettingsError::new(
+                "upgrades.lease_seconds",
+                "must be at least twice upgrades.poll_seconds (the lease is renewed while it is held)",
+            ));
+        }
+        let install_wait = secs("upgrades.install_wait_seconds", u.install_wait_seconds, 900)?;
+        let upgrades = crate::service::UpgradeSettings {
+            poll: poll.to_std().unwrap_or(std::time::Duration::from_secs(2)),
+            lease: lease.to_std().unwrap_or(std::time::Duration::from_secs(30)),
+            install_wait: install_wait
+                .to_std()
+                .unwrap_or(std::time::Duration::from_secs(900)),
+            ..Default::default()
+        };
         let image_factory = match self.images.factory_url {
             Some(u) if !(u.starts_with("https://") || u.starts_with("http://")) => {
                 return Err(SettingsError::new(
@@ -855,6 +939,7 @@ impl RawConfig {
             image_factory,
             workflows,
             workflow_tick,
+            upgrades,
             talos_schema_dir,
             dhcp,
             boot_public_url,

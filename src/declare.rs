@@ -80,6 +80,9 @@ struct ClusterDoc {
     /// `token` (default) or `approve`.
     #[serde(default)]
     delivery: Option<crate::service::ports::configs::Delivery>,
+    /// Rolling upgrade policy.
+    #[serde(default)]
+    upgrade: Option<crate::service::ports::upgrades::UpgradePolicy>,
 }
 
 #[derive(Deserialize)]
@@ -428,9 +431,38 @@ impl Loader {
         if let Err(e) = d.talos_version.parse::<crate::talos::TalosVersion>() {
             self.error(loc, "talosVersion", e);
         }
+        if let Some(u) = &d.upgrade {
+            if u.max_workers_per_rack == Some(0) {
+                self.error(
+                    loc,
+                    "upgrade.maxWorkersPerRack",
+                    "must be at least 1 (a rollout must be able to upgrade a worker)",
+                );
+            }
+            if u.node_timeout_seconds
+                .is_some_and(|s| !(5..=86_400).contains(&s))
+            {
+                self.error(
+                    loc,
+                    "upgrade.nodeTimeoutSeconds",
+                    "must be between 5 and 86400 (a node pulls an image, installs and reboots within it)",
+                );
+            }
+            if u.snapshot_max_age_seconds
+                .is_some_and(|s| !(60..=7 * 86_400).contains(&s))
+            {
+                self.error(
+                    loc,
+                    "upgrade.snapshotMaxAgeSeconds",
+                    "must be between 60 and 604800 (7 days)",
+                );
+            }
+        }
         if let Err(e) = url_host(&d.endpoint) {
             self.error(loc, "endpoint", e);
         }
+        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments.
+        let mut schematic_kernel_args = Vec::new();
         let schematic_id = match (&d.schematic, &d.schematic_id) {
             (Some(_), Some(_)) => {
                 self.error(
@@ -442,8 +474,14 @@ impl Loader {
             }
             (Some(s), None) => {
                 let text = serde_yaml_ng::to_string(s).unwrap_or_default();
-                match Schematic::parse(&text).and_then(|s| s.id()) {
-                    Ok(id) => id.as_str().to_string(),
+                match Schematic::parse(&text).and_then(|s| {
+                    let id = s.id()?;
+                    Ok((id, s.customization.extra_kernel_args))
+                }) {
+                    Ok((id, args)) => {
+                        schematic_kernel_args = args;
+                        id.as_str().to_string()
+                    }
                     Err(e) => {
                         self.error(loc, "schematic", e);
                         return;
@@ -515,6 +553,7 @@ impl Loader {
                 talos_version: d.talos_version,
                 kubernetes_version: d.kubernetes_version,
                 schematic_id,
+                schematic_kernel_args,
                 factory_host: d
                     .factory
                     .unwrap_or_else(|| DEFAULT_FACTORY_HOST.to_string()),
@@ -528,6 +567,7 @@ impl Loader {
                 reinstall: d.reinstall,
                 bootstrap: d.bootstrap,
                 delivery: d.delivery,
+                upgrade: d.upgrade,
             },
             secret,
         ));

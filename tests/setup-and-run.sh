@@ -45,6 +45,7 @@ log() { printf '\n== %s\n' "$*"; }
 #   (it replaces Debian's dynamic `busybox` package: both provide the `busybox` command)
 # - atftp (and curl): TFTP clients of the boot-chain tests
 # - kea-admin (perfdhcp), dnsmasq-base: DHCP load, relay and proxyDHCP peers
+# - ndisc6 (rdisc6): the router solicitations the ipv6_ra tests answer
 # - qemu-system-x86, ipxe-qemu, ovmf, ipxe: the VMs that network-boot through Plinth
 # - qemu-system-arm, qemu-efi-aarch64, gpgv, xz-utils, debian-archive-keyring: the ARM64 UEFI VM
 #   that boots Debian's ARM64 iPXE, obtained with `ipxe/fetch.sh --debian` (signature-checked)
@@ -55,7 +56,7 @@ log() { printf '\n== %s\n' "$*"; }
 # - libcap2-bin (`setcap`): the container test gives the binary the image's file capabilities
 # - chromium, chromium-driver: browser tests of the web console
 APT_PACKAGES=(build-essential curl ca-certificates postgresql postgresql-client python3-venv openssl
-              iproute2 util-linux busybox-static atftp kea-admin dnsmasq-base qemu-system-x86
+              iproute2 util-linux busybox-static atftp kea-admin dnsmasq-base ndisc6 qemu-system-x86
               ipxe-qemu ovmf ipxe linux-image-amd64 zstd gzip qemu-system-arm qemu-efi-aarch64 gpgv
               xz-utils debian-archive-keyring binutils libc-bin jq libcap2-bin chromium chromium-driver)
 missing=()

@@ -39,6 +39,7 @@ fn subnet(net: &str, server: &str, pool: Option<&str>, mode: SubnetMode) -> Subn
         relay_agents: vec![Ipv4Addr::new(10, 20, 0, 254)],
         unknown_permille: 500,
         leases_per_circuit: 4,
+        router_advert: None,
     }
 }
 

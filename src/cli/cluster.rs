@@ -1,6 +1,7 @@
 //! `plinth cluster ...`. `init`: a new cluster's secrets bundle, generated natively into a file
 //! only its owner can read (needs no server and no database). `bootstrap`, `talosconfig`,
-//! `kubeconfig` and `health` talk to a running server's API (the Talos API is Plinth's to call);
+//! `kubeconfig`, `health` and `upgrade` (plan, start, status, pause, resume, abort a rolling Talos
+//! upgrade) talk to a running server's API (the Talos API is Plinth's to call);
 //! credentials go to stdout and nowhere else (`> talosconfig`), never to a file Plinth writes.
 //!
 //! Imports `domain`, `talos`, `cli::api` and `cli::output` only.
@@ -76,6 +77,35 @@ pub enum ClusterCommand {
         /// Lifetime: 30m, 8h, 7d (at most 30 days).
         #[arg(long, default_value = "8h")]
         ttl: String,
+    },
+    /// Rolling Talos upgrade: control planes one at a time, then workers by rack; refused unless
+    /// every node is healthy, etcd has full quorum and a fresh etcd snapshot is verified. Start
+    /// (admins), --dry-run (the plan, operators), --status, --pause (operators), --resume,
+    /// --abort (admins).
+    Upgrade {
+        /// Cluster name.
+        name: String,
+        /// Target Talos version, e.g. v1.13.9.
+        #[arg(long, required_unless_present_any = ["status", "pause", "resume", "abort"])]
+        to: Option<String>,
+        /// Image Factory schematic id of the target's installer (default: the cluster's).
+        #[arg(long, requires = "to")]
+        schematic: Option<String>,
+        /// Print the plan (pre-checks, order, installer per node); start nothing.
+        #[arg(long, requires = "to")]
+        dry_run: bool,
+        /// The newest rollout and each node's step.
+        #[arg(long, conflicts_with_all = ["to", "pause", "resume", "abort"])]
+        status: bool,
+        /// Pause the running rollout (the node in flight finishes; no further node starts).
+        #[arg(long, conflicts_with_all = ["to", "resume", "abort"])]
+        pause: bool,
+        /// Resume a paused rollout.
+        #[arg(long, conflicts_with_all = ["to", "abort"])]
+        resume: bool,
+        /// Abort the active rollout (no further call to any node).
+        #[arg(long, conflicts_with = "to")]
+        abort: bool,
     },
     /// Per node: Talos version, apid, etcd/kubelet/apid/trustd, etcd members and leader, quorum.
     Health {
@@ -187,6 +217,52 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 )
                 .await?;
             super::output::say_raw(body.as_str().unwrap_or_default());
+        }
+        ClusterCommand::Upgrade {
+            name,
+            to,
+            schematic,
+            dry_run,
+            status,
+            pause,
+            resume,
+            abort,
+        } => {
+            let c = args.api.client()?;
+            let action = if pause {
+                Some("pause")
+            } else if resume {
+                Some("resume")
+            } else if abort {
+                Some("abort")
+            } else {
+                None
+            };
+            if status {
+                let (_, r) = c.send(c.req(Method::GET, &path(&name, "upgrade"))).await?;
+                emit(json_out, &r, print_rollout);
+            } else if let Some(a) = action {
+                let (_, r) = c
+                    .send(c.req(Method::POST, &path(&name, &format!("upgrade/{a}"))))
+                    .await?;
+                emit(json_out, &r, print_rollout);
+            } else {
+                let (_, r) = c
+                    .send(c.req(Method::POST, &path(&name, "upgrade")).json(&json!({
+                        "to": to, "schematic": schematic, "dry_run": dry_run,
+                    })))
+                    .await?;
+                if dry_run {
+                    emit(json_out, &r, print_plan);
+                } else {
+                    emit(json_out, &r, |r| {
+                        print_rollout(r);
+                        say(format!(
+                            "follow it with `plinth cluster upgrade {name} --status`"
+                        ));
+                    });
+                }
+            }
         }
         ClusterCommand::Health { name, cached } => {
             let c = args.api.client()?;
@@ -307,6 +383,116 @@ fn print_health(h: &Value) {
         "measured at {}",
         h["checked_at"].as_str().unwrap_or("?")
     ));
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Null => "-".into(),
+        other => other.to_string(),
+    }
+}
+
+fn print_plan(p: &Value) {
+    say(format!(
+        "upgrade of cluster {} to {}: installer {}",
+        text(&p["cluster"]),
+        text(&p["to_version"]),
+        text(&p["installer"])
+    ));
+    say("pre-checks:");
+    for c in p["checks"].as_array().into_iter().flatten() {
+        say(format!(
+            "  [{}] {}: {}",
+            if c["passed"] == true { "ok" } else { "FAILED" },
+            text(&c["name"]),
+            text(&c["detail"])
+        ));
+    }
+    say(format!(
+        "order: control planes one at a time, then workers at most {} per rack per batch; each node at most {}s",
+        p["max_workers_per_rack"], p["node_timeout_seconds"]
+    ));
+    let mut t = table();
+    t.set_header([
+        "#",
+        "BATCH",
+        "NODE",
+        "ROLE",
+        "RACK",
+        "FROM",
+        "CALL",
+        "INSTALLER",
+    ]);
+    for n in p["nodes"].as_array().into_iter().flatten() {
+        let call = if n["step"] == "skipped" {
+            "skip (on target)".to_string()
+        } else if n["method"] == "lifecycle" {
+            "LifecycleService.Upgrade".to_string()
+        } else {
+            "MachineService.Upgrade".to_string()
+        };
+        t.add_row([
+            text(&n["position"]),
+            text(&n["batch"]),
+            text(&n["name"]),
+            text(&n["role"]),
+            text(&n["rack"]),
+            text(&n["from_version"]),
+            call,
+            text(&n["installer"]),
+        ]);
+    }
+    say(t.to_string());
+    for n in p["notes"].as_array().into_iter().flatten() {
+        say(format!("note: {}", text(n)));
+    }
+    let failed = p["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["passed"] != true)
+        .count();
+    say(if failed == 0 {
+        "every pre-check passes: without --dry-run the rollout starts".to_string()
+    } else {
+        format!("{failed} pre-check(s) fail: the rollout would be refused")
+    });
+}
+
+fn print_rollout(s: &Value) {
+    let r = &s["rollout"];
+    say(format!(
+        "rollout {} of cluster {} to {}: {}{}",
+        text(&r["id"]),
+        text(&r["cluster"]),
+        text(&r["to_version"]),
+        text(&r["state"]),
+        r["error"]
+            .as_str()
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default()
+    ));
+    say(format!(
+        "started by {} at {}; driven by {}",
+        text(&r["requested_by"]),
+        text(&r["created_at"]),
+        r["owner"].as_str().unwrap_or("no instance now")
+    ));
+    let mut t = table();
+    t.set_header(["#", "BATCH", "NODE", "ROLE", "FROM", "STEP", "SEEN"]);
+    for n in s["nodes"].as_array().into_iter().flatten() {
+        t.add_row([
+            text(&n["position"]),
+            text(&n["batch"]),
+            text(&n["name"]),
+            text(&n["role"]),
+            text(&n["from_version"]),
+            text(&n["step"]),
+            n["seen"].as_str().unwrap_or("").to_string(),
+        ]);
+    }
+    say(t.to_string());
 }
 
 #[cfg(test)]

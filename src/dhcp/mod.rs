@@ -11,15 +11,18 @@
 //! Imports `service` and `domain` only; no other front door, no store.
 
 pub mod admission;
+pub mod ra;
 mod socket;
 pub mod wire;
 
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +33,8 @@ pub use admission::Rates;
 use admission::{Admission, Source, Verdict};
 use socket::{Arrival, Serving};
 
-use crate::metrics::Metrics;
-use crate::service::provisioning::dhcp::{DhcpRequest, Outcome, ReplyKind};
+use crate::metrics::{AtomicHistogram, Metrics};
+use crate::service::provisioning::dhcp::{DhcpRequest, Outcome, ReplyKind, RequestKind};
 use crate::service::provisioning::ProvisioningService;
 
 /// Client port (RFC 2131 section 4.1).
@@ -41,28 +44,65 @@ pub const CLIENT_PORT: u16 = 68;
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     /// discover, request, offer, ack, nak...
-    pub kind: String,
+    pub kind: &'static str,
 }
 
 /// Label: why a packet was dropped.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabel {
     /// truncated, malformed, rate_limited...
-    pub reason: String,
+    pub reason: &'static str,
 }
 
-/// DHCP counters.
-#[derive(Clone, Default)]
+/// Label: how far a request got, timed from its arrival.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabel {
+    /// `decided` (the service answered), `committed` (its lease was durable), `sent`.
+    pub stage: &'static str,
+}
+
+/// Label: requests of clients the inventory knows, or not (their in-flight limits differ).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClassLabel {
+    /// `known` or `unknown`.
+    pub class: &'static str,
+}
+
+/// DHCP metrics. Everything the packet path touches is an atomic (counters, gauges,
+/// [`AtomicHistogram`]); label values are static strings from closed sets, so no packet
+/// allocates a series or waits on a lock to be counted.
+#[derive(Clone)]
 pub struct DhcpMetrics {
     received: Family<KindLabel, Counter>,
     replies: Family<KindLabel, Counter>,
     dropped: Family<ReasonLabel, Counter>,
+    decided: AtomicHistogram,
+    committed: AtomicHistogram,
+    sent: AtomicHistogram,
+    in_flight_known: Gauge,
+    in_flight_unknown: Gauge,
 }
 
 impl DhcpMetrics {
     /// Register with the shared registry.
     pub fn register(metrics: &Metrics) -> Self {
-        let m = Self::default();
+        let stages =
+            Family::<StageLabel, AtomicHistogram, fn() -> AtomicHistogram>::new_with_constructor(
+                AtomicHistogram::seconds,
+            );
+        let stage = |name| stages.get_or_create(&StageLabel { stage: name }).clone();
+        let in_flight = Family::<ClassLabel, Gauge>::default();
+        let class = |name| in_flight.get_or_create(&ClassLabel { class: name }).clone();
+        let m = Self {
+            received: Family::default(),
+            replies: Family::default(),
+            dropped: Family::default(),
+            decided: stage("decided"),
+            committed: stage("committed"),
+            sent: stage("sent"),
+            in_flight_known: class("known"),
+            in_flight_unknown: class("unknown"),
+        };
         metrics.register(
             "dhcp_received",
             "DHCP requests received, by message type",
@@ -75,20 +115,61 @@ impl DhcpMetrics {
         );
         metrics.register(
             "dhcp_dropped",
-            "DHCP packets dropped or left unanswered, by reason",
+            "DHCP packets dropped or left unanswered, by reason (socket_overflow: dropped by the \
+             kernel before Plinth could read them, its receive queue full)",
             m.dropped.clone(),
+        );
+        metrics.register(
+            "dhcp_latency_seconds",
+            "Time from a DHCP request's arrival until the service decided it (decided), its lease \
+             was committed (committed: ACKs, and offers on a shared database), its answer was sent \
+             (sent)",
+            stages,
+        );
+        metrics.register(
+            "dhcp_in_flight",
+            "DHCP requests being decided now, by client class (bounded: beyond the limit they are \
+             dropped as overload)",
+            in_flight,
         );
         m
     }
 
-    fn drop(&self, reason: &str) {
+    fn drop(&self, reason: &'static str) {
+        self.drop_n(reason, 1);
+    }
+
+    fn drop_n(&self, reason: &'static str, n: u64) {
         self.dropped
-            .get_or_create(&ReasonLabel {
-                reason: reason.to_string(),
-            })
-            .inc();
+            .get_or_create(&ReasonLabel { reason })
+            .inc_by(n);
     }
 }
+
+/// Metric label of a request kind.
+fn request_label(kind: RequestKind) -> &'static str {
+    match kind {
+        RequestKind::Discover => "discover",
+        RequestKind::Request => "request",
+        RequestKind::Decline => "decline",
+        RequestKind::Release => "release",
+        RequestKind::Inform => "inform",
+    }
+}
+
+/// Metric label of a reply kind.
+fn reply_label(kind: ReplyKind) -> &'static str {
+    match kind {
+        ReplyKind::Offer => "offer",
+        ReplyKind::Ack => "ack",
+        ReplyKind::Nak => "nak",
+    }
+}
+
+/// How long a request may take to be decided. A firmware retransmits after about 4 s (RFC 2131
+/// section 4.1) and takes no answer to the old one after that: a decision stuck behind a stalled
+/// database is given up and counted (`decision_timeout`), its in-flight place freed.
+const DECISION_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// Most requests decided at once; beyond it packets are dropped (counted as `overload`). A
 /// thousand machines powered on together send a thousand DISCOVERs within milliseconds: they wait
@@ -135,8 +216,9 @@ pub async fn serve(
         );
         loops.spawn(async move {
             let mut buf = vec![0u8; 1500];
+            let mut overflowed = 0u32;
             loop {
-                let (n, arrival) = tokio::select! {
+                let got = tokio::select! {
                     _ = stop.cancelled() => return,
                     r = sock.recv(&mut buf) => match r {
                         Ok(x) => x,
@@ -146,6 +228,15 @@ pub async fn serve(
                         }
                     },
                 };
+                let received = Instant::now();
+                if let Some(total) = got.overflowed {
+                    let lost = total.wrapping_sub(overflowed);
+                    if lost > 0 && lost < u32::MAX / 2 {
+                        metrics.drop_n("socket_overflow", u64::from(lost));
+                    }
+                    overflowed = total;
+                }
+                let (n, arrival) = (got.len, got.arrival);
                 let Some(arrival) = arrival else {
                     metrics.drop("unknown_interface");
                     continue;
@@ -156,18 +247,27 @@ pub async fn serve(
                 else {
                     continue;
                 };
-                let room = if req.known {
-                    &limit.known
+                let (room, gauge) = if req.known {
+                    (&limit.known, metrics.in_flight_known.clone())
                 } else {
-                    &limit.unknown
+                    (&limit.unknown, metrics.in_flight_unknown.clone())
                 };
                 let Ok(permit) = room.clone().try_acquire_owned() else {
                     metrics.drop("overload");
                     continue;
                 };
+                gauge.inc();
                 let (sock, service, metrics) = (sock.clone(), service.clone(), metrics.clone());
                 tokio::spawn(async move {
-                    handle(&sock, &service, &metrics, msg, req, &arrival).await;
+                    let decided = tokio::time::timeout(
+                        DECISION_TIMEOUT,
+                        handle(&sock, &service, &metrics, msg, req, &arrival, received),
+                    )
+                    .await;
+                    if decided.is_err() {
+                        metrics.drop("decision_timeout");
+                    }
+                    gauge.dec();
                     drop(permit);
                 });
             }
@@ -207,7 +307,7 @@ fn admit(
     metrics
         .received
         .get_or_create(&KindLabel {
-            kind: format!("{:?}", req.kind).to_lowercase(),
+            kind: request_label(req.kind),
         })
         .inc();
     let source = if req.giaddr.is_unspecified() {
@@ -231,8 +331,11 @@ async fn handle(
     msg: dhcproto::v4::Message,
     req: DhcpRequest,
     arrival: &Arrival,
+    received: Instant,
 ) {
-    let outcome = match service.dhcp(&req).await {
+    let outcome = service.dhcp(&req).await;
+    metrics.decided.observe_duration(received.elapsed());
+    let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
             // A store fault: no answer (the client retries), never a wrong one.
@@ -242,7 +345,14 @@ async fn handle(
         }
     };
     let reply = match outcome {
-        Outcome::Reply(r) => r,
+        Outcome::Reply(r) => {
+            if let Some(at) = r.committed {
+                metrics
+                    .committed
+                    .observe_duration(at.saturating_duration_since(received));
+            }
+            r
+        }
         Outcome::Silent(reason) => {
             metrics.drop(reason);
             tracing::debug!(mac = %req.mac, kind = ?req.kind, reason, "dhcp: no answer");
@@ -265,11 +375,9 @@ async fn handle(
     };
     match sock.send(&bytes, to, arrival).await {
         Ok(_) => {
-            let kind = format!("{:?}", reply.kind).to_lowercase();
-            metrics
-                .replies
-                .get_or_create(&KindLabel { kind: kind.clone() })
-                .inc();
+            metrics.sent.observe_duration(received.elapsed());
+            let kind = reply_label(reply.kind);
+            metrics.replies.get_or_create(&KindLabel { kind }).inc();
             tracing::info!(
                 mac = %req.mac, kind = %kind, yiaddr = %reply.yiaddr, client = %req.client,
                 boot_file = reply.boot.as_ref().map(|b| b.file.as_str()).unwrap_or(""),

@@ -47,6 +47,9 @@ pub fn bind(port: u16, interface: Option<&str>, proxy: bool) -> std::io::Result<
         Some(ifname) => s.bind_device(Some(ifname.as_bytes()))?,
         None => setsockopt(&s, sockopt::Ipv4PacketInfo, &true).map_err(std::io::Error::from)?,
     }
+    // Every datagram then carries how many the kernel dropped on this socket so far because its
+    // receive queue was full (socket(7) SO_RXQ_OVFL): counted as `socket_overflow`.
+    setsockopt(&s, sockopt::RxqOvfl, &1).map_err(std::io::Error::from)?;
     s.set_nonblocking(true)?;
     // Past net.core.rmem_max where the process may (CAP_NET_ADMIN), else up to it.
     if rustix::net::sockopt::set_socket_recv_buffer_size_force(&s, RECV_BUFFER).is_err() {
@@ -77,6 +80,17 @@ pub fn local_ipv4s(interface: Option<&str>) -> Vec<Ipv4Addr> {
             _ => None,
         })
         .collect()
+}
+
+/// One received datagram: its length, where it arrived (`None`: cannot be told, not answered),
+/// and the kernel's count of datagrams dropped on the socket so far (SO_RXQ_OVFL).
+pub struct Received {
+    /// Bytes.
+    pub len: usize,
+    /// Where it arrived.
+    pub arrival: Option<Arrival>,
+    /// Datagrams the kernel dropped on this socket since it was opened (queue full).
+    pub overflowed: Option<u32>,
 }
 
 /// Where a datagram arrived.
@@ -159,60 +173,60 @@ impl Serving {
         })
     }
 
-    /// Receive one datagram into `buf`: its length and where it arrived. `None` for a datagram
-    /// whose arrival cannot be told (no `IP_PKTINFO`, an unknown interface): it is not answered.
-    pub async fn recv(&self, buf: &mut [u8]) -> std::io::Result<(usize, Option<Arrival>)> {
-        if !self.pktinfo {
-            let (n, from) = self.socket.recv_from(buf).await?;
-            return Ok((
-                n,
-                Some(Arrival {
-                    from,
-                    ifindex: None,
-                    interface: self.interface.clone(),
-                    local_ips: self.local_ips.clone(),
-                }),
-            ));
-        }
+    /// Receive one datagram into `buf`. Its arrival is `None` when it cannot be told (no
+    /// `IP_PKTINFO`, an unknown interface): it is not answered.
+    pub async fn recv(&self, buf: &mut [u8]) -> std::io::Result<Received> {
         let fd = self.socket.as_raw_fd();
-        let (n, from, ifindex) = self
+        let (len, from, ifindex, overflowed) = self
             .socket
             .async_io(Interest::READABLE, || {
                 let mut iov = [IoSliceMut::new(buf)];
-                let mut space = nix::cmsg_space!(nix::libc::in_pktinfo);
+                let mut space = nix::cmsg_space!(nix::libc::in_pktinfo, u32);
                 let msg = recvmsg::<SockaddrIn>(fd, &mut iov, Some(&mut space), MsgFlags::empty())
                     .map_err(std::io::Error::from)?;
-                let mut ifindex = None;
+                let (mut ifindex, mut overflowed) = (None, None);
                 if let Ok(cmsgs) = msg.cmsgs() {
                     for c in cmsgs {
-                        if let ControlMessageOwned::Ipv4PacketInfo(info) = c {
-                            ifindex = u32::try_from(info.ipi_ifindex).ok();
+                        match c {
+                            ControlMessageOwned::Ipv4PacketInfo(info) => {
+                                ifindex = u32::try_from(info.ipi_ifindex).ok();
+                            }
+                            ControlMessageOwned::RxqOvfl(n) => overflowed = Some(n),
+                            _ => {}
                         }
                     }
                 }
                 let from = msg
                     .address
                     .map(|a| SocketAddr::V4(SocketAddrV4::new(a.ip(), a.port())));
-                Ok((msg.bytes, from, ifindex))
+                Ok((msg.bytes, from, ifindex, overflowed))
             })
             .await?;
-        let (Some(from), Some(index)) = (from, ifindex) else {
-            return Ok((n, None));
-        };
-        let found = self
-            .interfaces
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .lookup(index);
-        Ok((
-            n,
-            found.map(|(name, local_ips)| Arrival {
+        let arrival = match (from, self.pktinfo, ifindex) {
+            (None, _, _) | (Some(_), true, None) => None,
+            (Some(from), false, _) => Some(Arrival {
                 from,
-                ifindex: Some(index),
-                interface: Some(name),
-                local_ips,
+                ifindex: None,
+                interface: self.interface.clone(),
+                local_ips: self.local_ips.clone(),
             }),
-        ))
+            (Some(from), true, Some(index)) => self
+                .interfaces
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .lookup(index)
+                .map(|(name, local_ips)| Arrival {
+                    from,
+                    ifindex: Some(index),
+                    interface: Some(name),
+                    local_ips,
+                }),
+        };
+        Ok(Received {
+            len,
+            arrival,
+            overflowed,
+        })
     }
 
     /// Send `bytes` to `to`, out of the interface the request arrived on.

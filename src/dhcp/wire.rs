@@ -429,6 +429,7 @@ mod tests {
                 pxe_vendor: false,
                 no_pxedhcp: false,
                 message: None,
+                committed: None,
             };
             let out = encode(&req, &reply).expect("encodes");
             v4::Message::decode(&mut Decoder::new(&out)).expect("decodes")

@@ -17,10 +17,12 @@ pub struct InstallAssets {
     /// The machine config URL; `${uuid}` and friends may appear in its query string only (Talos
     /// substitutes them there and nowhere else).
     pub config_url: String,
-    /// Talos' own default arguments for the release being installed (its `DefaultArgs`),
-    /// which Image Factory also puts on its PXE line.
+    /// The arguments of Image Factory's PXE line for this release, architecture and schematic:
+    /// `talos.platform=metal`, the console, Talos' own defaults (its `DefaultArgs`), then the
+    /// schematic's `extraKernelArgs`.
     pub talos_args: Vec<String>,
-    /// Extra kernel arguments (cluster, profile, machine), in that order.
+    /// Extra kernel arguments of the inventory (cluster, site, rack, profile, machine), in that
+    /// order, after Image Factory's.
     pub extra_args: Vec<String>,
     /// Wipe the system disk on this boot (`talos.experimental.wipe=system`).
     pub wipe: bool,
@@ -79,20 +81,13 @@ pub fn decide(machine: &Machine, install: Option<InstallAssets>) -> BootPlan {
     }
 }
 
-/// The Talos kernel command line for an architecture.
-pub fn kernel_cmdline(arch: Arch, assets: &InstallAssets, initrd_name: &str) -> String {
+/// The Talos kernel command line: `initrd=`, Image Factory's PXE arguments, the one-shot wipe,
+/// the inventory's arguments, and `talos.config=` last.
+pub fn kernel_cmdline(assets: &InstallAssets, initrd_name: &str) -> String {
     let mut args: Vec<String> = vec![
         // Debian's older iPXE needs initrd=<name> on the kernel line under UEFI.
         format!("initrd={initrd_name}"),
-        "talos.platform=metal".into(),
     ];
-    match arch {
-        Arch::Amd64 => args.push("console=tty0".into()),
-        Arch::Arm64 => {
-            args.push("console=ttyAMA0".into());
-            args.push("console=tty0".into());
-        }
-    }
     args.extend(assets.talos_args.iter().cloned());
     if assets.wipe {
         args.push("talos.experimental.wipe=system".into());
@@ -132,7 +127,7 @@ pub fn error_script(message: &str, sleep: Option<u32>) -> String {
 }
 
 /// The per-machine script for a plan.
-pub fn machine_script(plan: &BootPlan, arch: Arch, self_url: &str) -> String {
+pub fn machine_script(plan: &BootPlan, self_url: &str) -> String {
     let mut s = String::from("#!ipxe\n");
     match plan {
         BootPlan::Install(a) => {
@@ -156,7 +151,7 @@ pub fn machine_script(plan: &BootPlan, arch: Arch, self_url: &str) -> String {
                 s,
                 "kernel {} {} || goto failed",
                 a.kernel_url,
-                kernel_cmdline(arch, a, &initrd_name)
+                kernel_cmdline(a, &initrd_name)
             );
             let _ = writeln!(
                 s,
@@ -243,7 +238,12 @@ mod tests {
             kernel_url: "http://p:8080/images/s/v1.11.6/kernel-amd64".into(),
             initramfs_url: "http://p:8080/images/s/v1.11.6/initramfs-amd64.xz".into(),
             config_url: "http://p:8080/config/TOKEN?uuid=${uuid}".into(),
-            talos_args: vec!["slab_nomerge".into(), "pti=on".into()],
+            talos_args: vec![
+                "talos.platform=metal".into(),
+                "console=tty0".into(),
+                "slab_nomerge".into(),
+                "pti=on".into(),
+            ],
             extra_args: vec!["net.ifnames=0".into()],
             wipe: false,
             approval_code: None,
@@ -251,24 +251,16 @@ mod tests {
     }
 
     #[test]
-    fn cmdline_has_what_talos_needs() {
-        let c = kernel_cmdline(Arch::Amd64, &assets(), "initramfs-amd64.xz");
-        for must in [
-            "talos.platform=metal",
-            "slab_nomerge",
-            "pti=on",
-            "console=tty0",
-            "initrd=initramfs-amd64.xz",
-            "net.ifnames=0",
-        ] {
-            assert!(c.split(' ').any(|a| a == must), "{must} in {c}");
-        }
-        assert!(c.ends_with("talos.config=http://p:8080/config/TOKEN?uuid=${uuid}"));
-        let arm = kernel_cmdline(Arch::Arm64, &assets(), "initramfs-arm64.xz");
-        assert!(arm.contains("console=ttyAMA0 console=tty0"));
+    fn cmdline_is_image_factory_then_wipe_then_inventory_then_config() {
+        let c = kernel_cmdline(&assets(), "initramfs-amd64.xz");
+        assert_eq!(
+            c,
+            "initrd=initramfs-amd64.xz talos.platform=metal console=tty0 slab_nomerge pti=on net.ifnames=0 talos.config=http://p:8080/config/TOKEN?uuid=${uuid}"
+        );
         let mut w = assets();
         w.wipe = true;
-        assert!(kernel_cmdline(Arch::Amd64, &w, "i").contains("talos.experimental.wipe=system"));
+        assert!(kernel_cmdline(&w, "i")
+            .contains("pti=on talos.experimental.wipe=system net.ifnames=0 talos.config="));
     }
 
     #[test]
@@ -278,11 +270,7 @@ mod tests {
         assert!(g.contains("http://p:8080/boot/machine.ipxe?mac=${mac:hexhyp}&uuid=${uuid}"));
         assert!(g.contains("goto retry"));
         assert!(!g.contains("prompt") && !g.contains("shell"));
-        let s = machine_script(
-            &BootPlan::Install(assets()),
-            Arch::Amd64,
-            "http://p:8080/boot/x",
-        );
+        let s = machine_script(&BootPlan::Install(assets()), "http://p:8080/boot/x");
         assert!(s.contains(
             "initrd --name initramfs-amd64.xz http://p:8080/images/s/v1.11.6/initramfs-amd64.xz"
         ));
@@ -290,14 +278,13 @@ mod tests {
             "kernel http://p:8080/images/s/v1.11.6/kernel-amd64 initrd=initramfs-amd64.xz"
         ));
         assert!(s.contains("boot || goto failed"));
-        let l = machine_script(&BootPlan::LocalDisk { sanboot: false }, Arch::Amd64, "u");
+        let l = machine_script(&BootPlan::LocalDisk { sanboot: false }, "u");
         assert!(l.contains("\nexit\n"));
         let h = machine_script(
             &BootPlan::Hold {
                 reason: "wait\nnow".into(),
                 retry_secs: 7,
             },
-            Arch::Amd64,
             "http://u",
         );
         assert!(h.contains("echo Plinth: wait now\nsleep 7\nchain --autofree --replace http://u"));

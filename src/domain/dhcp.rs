@@ -295,6 +295,19 @@ pub struct Subnet {
     pub unknown_permille: u16,
     /// Addresses one relay circuit (option 82 circuit id: a switch port) may hold at once.
     pub leases_per_circuit: u32,
+    /// IPv6 router advertisements on this subnet's link (`ipv6_ra`), or none.
+    pub router_advert: Option<RouterAdvert>,
+}
+
+/// What Plinth's IPv6 router advertisements (RFC 4861 section 4.2) on a provisioning link say:
+/// router lifetime 0 (not a default router), managed and other-configuration flags clear (no
+/// DHCPv6), and no prefix unless `prefixes` names some (each advertised on-link and for
+/// autonomous address configuration). Their purpose is that a host waiting for a router
+/// advertisement before it settles IPv6 (iPXE) finishes at once instead of timing out.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RouterAdvert {
+    /// Prefix information options (RFC 4861 section 4.6.2), /64 each.
+    pub prefixes: Vec<ipnet::Ipv6Net>,
 }
 
 impl Subnet {
@@ -499,6 +512,7 @@ mod tests {
             relay_agents: vec![],
             unknown_permille: 500,
             leases_per_circuit: 4,
+            router_advert: None,
         };
         let subnets = vec![
             s(SubnetMode::Authoritative, &[]),
@@ -536,6 +550,7 @@ mod tests {
             relay_agents: vec![],
             unknown_permille: 500,
             leases_per_circuit: 4,
+            router_advert: None,
         };
         let relay: Ipv4Addr = "10.0.0.254".parse().expect("ip");
         let mut relayed = s("10.0.1.0/24", "10.0.0.1");

@@ -1,8 +1,10 @@
 //! Clusters over HTTP: bootstrap (`POST /api/v1/clusters/{name}/bootstrap`, admins), the
 //! credentials for humans (`POST .../talosconfig`, `POST .../kubeconfig`, admins; each an event
 //! naming who asked) and health (`GET .../health`, measured now and stored, or the last stored
-//! with `?cached=true`). Decodes, calls `service::clusters`, encodes; a refusal of the Talos API is
-//! a 502 naming node, call and cause.
+//! with `?cached=true`); rolling upgrades (`POST .../upgrade` plans with `dry_run`, else starts
+//! one, 409 naming the failed pre-checks; `GET .../upgrade` the newest rollout and its nodes;
+//! `POST .../upgrade/{pause,resume,abort}`). Decodes, calls `service::clusters` and
+//! `service::upgrade`, encodes; a refusal of the Talos API is a 502 naming node, call and cause.
 
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
@@ -15,6 +17,7 @@ use super::extract::{Caller, JsonBody, QueryParams};
 use super::AppState;
 use crate::service::clusters::{BootstrapError, ClusterHealth};
 use crate::service::ports::talos_state::BootstrapRecord;
+use crate::service::upgrade::{RolloutStatus, UpgradeError, UpgradePlan};
 use crate::service::ApiRole;
 
 /// Longest lifetime of a talosconfig or kubeconfig Plinth signs: 30 days.
@@ -213,4 +216,123 @@ pub async fn health(
         };
     }
     Ok(Json(clusters.measure(&name).await?))
+}
+
+/// An upgrade request.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeRequest {
+    /// The target Talos version, `v1.13.9`.
+    pub to: String,
+    /// Image Factory schematic id of the target's installer (default: the cluster's).
+    #[serde(default)]
+    pub schematic: Option<String>,
+    /// Only plan: the pre-checks, the order and each node's installer; nothing is started.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn upgrade_error(e: UpgradeError) -> ApiError {
+    match e {
+        UpgradeError::Refused(plan) => {
+            let checks = serde_json::to_value(&plan.checks).unwrap_or_default();
+            ApiError::new(
+                StatusCode::CONFLICT,
+                "upgrade_refused",
+                UpgradeError::Refused(plan).to_string(),
+            )
+            .with_checks(checks)
+        }
+        e @ UpgradeError::Already(_) => {
+            ApiError::new(StatusCode::CONFLICT, "upgrade_running", e.to_string())
+        }
+        e @ UpgradeError::NotPossible(_) => {
+            ApiError::new(StatusCode::CONFLICT, "upgrade_not_possible", e.to_string())
+        }
+        UpgradeError::Service(s) => s.into(),
+    }
+}
+
+/// Plan (`dry_run`: operators) or start (admins) a rolling Talos upgrade of the cluster. 200 with
+/// the plan; 202 with the started rollout; 409 `upgrade_refused` naming each failed pre-check
+/// (every node healthy, etcd at full quorum, a fresh verified etcd snapshot, the upgrade path,
+/// no other rollout), or `upgrade_running`.
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/upgrade", tag = "clusters", request_body = UpgradeRequest,
+    params(("name" = String, Path, description = "cluster name")),
+    responses((status = 200, body = UpgradePlan), (status = 202, body = RolloutStatus),
+        (status = 409, body = ErrorEnvelope), (status = 403, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn upgrade(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+    JsonBody(req): JsonBody<UpgradeRequest>,
+) -> Result<Response, ApiError> {
+    if req.dry_run {
+        caller.require(ApiRole::Operator)?;
+        let plan = s
+            .upgrades
+            .plan(&name, &req.to, req.schematic.as_deref())
+            .await
+            .map_err(upgrade_error)?;
+        return Ok(Json(plan).into_response());
+    }
+    caller.require(ApiRole::Admin)?;
+    let started = s
+        .upgrades
+        .start(&name, &req.to, req.schematic.as_deref(), &caller.actor())
+        .await
+        .map_err(upgrade_error)?;
+    Ok((StatusCode::ACCEPTED, Json(started)).into_response())
+}
+
+/// The cluster's newest upgrade rollout and each node's step (404 when there never was one).
+#[utoipa::path(get, path = "/api/v1/clusters/{name}/upgrade", tag = "clusters",
+    params(("name" = String, Path, description = "cluster name")),
+    responses((status = 200, body = RolloutStatus), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn upgrade_status(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> Result<Json<RolloutStatus>, ApiError> {
+    caller.require(ApiRole::Viewer)?;
+    Ok(Json(s.upgrades.status(&name).await.map_err(upgrade_error)?))
+}
+
+/// `pause` (operators: the node in flight finishes, no further node starts), `resume` or `abort`
+/// (admins) the cluster's active rollout. 409 when it is not in a state that allows it.
+#[utoipa::path(post, path = "/api/v1/clusters/{name}/upgrade/{action}", tag = "clusters",
+    params(("name" = String, Path, description = "cluster name"),
+        ("action" = String, Path, description = "pause, resume or abort")),
+    responses((status = 200, body = RolloutStatus), (status = 409, body = ErrorEnvelope), (status = 404, body = ErrorEnvelope)),
+    security(("bearer" = [])))]
+pub async fn upgrade_action(
+    State(s): State<AppState>,
+    caller: Caller,
+    Path((name, action)): Path<(String, String)>,
+) -> Result<Json<RolloutStatus>, ApiError> {
+    let actor = caller.actor();
+    let r = match action.as_str() {
+        "pause" => {
+            caller.require(ApiRole::Operator)?;
+            s.upgrades.pause(&name, &actor).await
+        }
+        "resume" => {
+            caller.require(ApiRole::Admin)?;
+            s.upgrades.resume(&name, &actor).await
+        }
+        "abort" => {
+            caller.require(ApiRole::Admin)?;
+            s.upgrades.abort(&name, &actor).await
+        }
+        other => {
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("`{other}` is not an upgrade action: pause, resume or abort"),
+            ))
+        }
+    };
+    Ok(Json(r.map_err(upgrade_error)?))
 }

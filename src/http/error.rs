@@ -40,6 +40,10 @@ pub struct ErrorBody {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Object>)]
     pub bmc: Option<serde_json::Value>,
+    /// The pre-checks of a refused upgrade (on `upgrade_refused`), each with its verdict.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub checks: Option<serde_json::Value>,
 }
 
 /// Wrapper for the OpenAPI document.
@@ -62,8 +66,15 @@ impl ApiError {
                 rows: Vec::new(),
                 current_version: None,
                 bmc: None,
+                checks: None,
             }),
         }
+    }
+
+    /// With the pre-checks of a refused upgrade.
+    pub fn with_checks(mut self, checks: serde_json::Value) -> Self {
+        self.body.checks = Some(checks);
+        self
     }
 
     /// 400 naming one field.

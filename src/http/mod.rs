@@ -56,6 +56,8 @@ pub struct AppState {
     pub configs: crate::service::ConfigService,
     /// Reinstall workflows.
     pub workflows: crate::service::Workflows,
+    /// Rolling Talos upgrades.
+    pub upgrades: crate::service::Upgrades,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Mark the console's session cookie `Secure` (the public URL is https).
@@ -116,6 +118,14 @@ pub fn router(state: AppState) -> Router {
             axum::routing::post(clusters::kubeconfig),
         )
         .route("/clusters/{name}/health", get(clusters::health))
+        .route(
+            "/clusters/{name}/upgrade",
+            get(clusters::upgrade_status).post(clusters::upgrade),
+        )
+        .route(
+            "/clusters/{name}/upgrade/{action}",
+            axum::routing::post(clusters::upgrade_action),
+        )
         .route("/events", get(machines::events))
         .route("/events/stream", get(workflows::stream))
         .route("/tokens", get(tokens::list).post(tokens::create))

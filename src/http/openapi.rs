@@ -42,6 +42,7 @@ impl Modify for Bearer {
         workflows::start, workflows::status, workflows::cancel, workflows::stream, super::boot::timeline,
         super::clusters::bootstrap, super::clusters::bootstrap_status, super::clusters::talosconfig,
         super::clusters::kubeconfig, super::clusters::health,
+        super::clusters::upgrade, super::clusters::upgrade_status, super::clusters::upgrade_action,
     ),
     components(schemas(
         Machine, machines::EditedMachine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
@@ -58,6 +59,12 @@ impl Modify for Bearer {
         crate::service::clusters::ClusterHealth, crate::service::clusters::NodeHealth, crate::service::clusters::EtcdHealth,
         crate::service::ports::talos_api::ServiceStatus, crate::service::ports::talos_api::EtcdMember,
         crate::service::ports::talos_api::ClusterCheck,
+        super::clusters::UpgradeRequest, crate::service::upgrade::UpgradePlan,
+        crate::service::upgrade::RolloutStatus, crate::service::upgrade::PreCheck,
+        crate::service::upgrade::VerifiedSnapshot,
+        crate::service::ports::upgrades::Rollout, crate::service::ports::upgrades::RolloutNode,
+        crate::service::ports::upgrades::RolloutState, crate::service::ports::upgrades::NodeStep,
+        crate::service::ports::upgrades::UpgradeMethod,
     )),
     modifiers(&Bearer),
 )]

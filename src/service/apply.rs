@@ -315,6 +315,19 @@ pub async fn apply(
     for (spec, secret) in &declared.clusters {
         let rec = configs.seal_cluster(spec.clone(), secret)?;
         let old = before.clusters.get(&spec.name);
+        if let Some(o) = old {
+            if let Some(message) = version_step_back(&o.spec, spec) {
+                report.errors.push(ApplyProblem {
+                    at: declared
+                        .locations
+                        .at("Cluster", &spec.name, "talosVersion")
+                        .unwrap_or_else(|| "inventory".into()),
+                    field: "talosVersion".into(),
+                    message,
+                    machines: Vec::new(),
+                });
+            }
+        }
         let action = match old {
             None => Action::Create,
             Some(o) if o.spec == rec.spec && o.secrets_sha256 == rec.secrets_sha256 => {
@@ -512,6 +525,29 @@ pub async fn apply(
     configs.put_config_objects(&write, &[event]).await?;
     report.applied = true;
     Ok(report)
+}
+
+/// A declared `talosVersion` older than the one the database holds (a rolling upgrade moves the
+/// stored one forward): applying it would make later installs older than the nodes run.
+fn version_step_back(stored: &ClusterSpec, declared: &ClusterSpec) -> Option<String> {
+    let parse = |v: &str| v.parse::<crate::talos::TalosVersion>().ok();
+    let (now, then) = (
+        parse(&stored.talos_version)?,
+        parse(&declared.talos_version)?,
+    );
+    (then < now).then(|| {
+        format!(
+            "Cluster {}: talosVersion {} is older than {}, which the database holds (a rolling \
+             upgrade moved it there, or an earlier apply declared it): later installs would run an \
+             older Talos than the nodes; declare talosVersion: {} (and the schematic or installImage \
+             the upgrade left, see `plinth cluster upgrade {} --status`)",
+            declared.name,
+            declared.talos_version,
+            stored.talos_version,
+            stored.talos_version,
+            declared.name
+        )
+    })
 }
 
 /// A declared machine whose BMC moves to another origin loses its stored password (the directory

@@ -1053,6 +1053,87 @@ impl Clusters {
             .and_then(|(json, _)| serde_json::from_str(&json).ok()))
     }
 
+    /// Every machine of `cluster` with the address of its Talos API (its verified address, else
+    /// its first reserved one), in host-name order.
+    pub async fn cluster_nodes(
+        &self,
+        cluster: &str,
+    ) -> Result<Vec<(Machine, Option<IpAddr>)>, ServiceError> {
+        let machines = self.machines(cluster).await?;
+        let verified = self.verifications().await?;
+        let mut out: Vec<(Machine, Option<IpAddr>)> = machines
+            .into_iter()
+            .map(|m| {
+                let a = node_address(&m, verified.get(&m.id));
+                (m, a)
+            })
+            .collect();
+        out.sort_by_key(|a| a.0.display_name());
+        Ok(out)
+    }
+
+    /// `cluster`'s node at `ip`, reached with a client certificate of `role`.
+    pub async fn talos_node(
+        &self,
+        cluster: &str,
+        ip: IpAddr,
+        role: &str,
+    ) -> Result<TalosNode, ServiceError> {
+        Ok(TalosNode {
+            endpoint: SocketAddr::new(ip, self.settings.talos_api_port),
+            credentials: self.credentials(cluster, role).await?,
+        })
+    }
+
+    /// The Talos API client.
+    pub fn api(&self) -> Arc<dyn TalosApi> {
+        self.api.clone()
+    }
+
+    /// The declared spec of `cluster`.
+    pub async fn spec(&self, cluster: &str) -> Result<super::ports::ClusterSpec, ServiceError> {
+        let sources = self.configs.sources().await?;
+        sources
+            .clusters
+            .get(cluster)
+            .map(|c| c.spec.clone())
+            .ok_or_else(|| ServiceError::NotFound(format!("cluster {cluster}")))
+    }
+
+    /// Record what an upgraded node reported (its new version and certificate), as a verified
+    /// install is recorded, with its event.
+    pub async fn record_upgraded(
+        &self,
+        cluster: &str,
+        machine: MachineId,
+        address: &str,
+        v: &super::ports::talos_api::NodeVersion,
+    ) -> Result<(), ServiceError> {
+        let rec = NodeVerification {
+            machine_id: machine,
+            address: address.to_string(),
+            talos_version: v.tag.clone(),
+            cert_sha256: v.cert_sha256.clone(),
+            verified_at: Utc::now(),
+        };
+        self.state
+            .record_verification(
+                &rec,
+                &event(
+                    Some(machine),
+                    "talos.verified",
+                    "plinth",
+                    serde_json::json!({
+                        "cluster": cluster, "address": rec.address, "talos_version": v.tag,
+                        "cert_sha256": v.cert_sha256, "arch": v.arch, "platform": v.platform,
+                        "after": "upgrade",
+                    }),
+                ),
+            )
+            .await?;
+        Ok(())
+    }
+
     /// Every declared cluster's name.
     pub async fn names(&self) -> Result<Vec<String>, ServiceError> {
         let mut names: Vec<String> = self.configs.sources().await?.clusters.into_keys().collect();

@@ -4,11 +4,12 @@
 //! what a machine boots now: `ProvisioningService`, `DhcpService`, `Identities`, the boot
 //! `Timeline`), `inventory` (`Inventory`), `auth` (`Tokens`), `machine_config` (`ConfigService`),
 //! `bmc` (`BmcService`), `workflow` (`Workflows`, reinstalls), `clusters` (`Clusters`: verified
-//! install, bootstrap, health), `apply` (the declarative inventory), `events` (`EventFeed`, the
-//! live feed), with `secrets` (`SecretBox`) and `throttle` beside them. Each takes the ports it
-//! uses (`ports`: machines, events, tokens, leases, BMC, configs, reinstalls, Talos API and its
-//! state, images, store health) in its constructor; `crate::store`, `crate::bmc`,
-//! `crate::images` and `crate::talos_api` implement them. Errors: `ServiceError` (`error`).
+//! install, bootstrap, health), `upgrade` (`Upgrades`: rolling Talos upgrades), `apply` (the
+//! declarative inventory), `events` (`EventFeed`, the live feed), with `secrets` (`SecretBox`)
+//! and `throttle` beside them. Each takes the ports it uses (`ports`: machines, events, tokens,
+//! leases, BMC, configs, reinstalls, Talos API and its state, upgrades, images, store health) in
+//! its constructor; `crate::store`, `crate::bmc`, `crate::images` and `crate::talos_api`
+//! implement them. Errors: `ServiceError` (`error`).
 //!
 //! This module imports `domain`, `talos` and `metrics`, nothing from `store`, `bmc`, `images`,
 //! `talos_api`, `http` or any front door. The names re-exported here are the layer's public face;
@@ -26,6 +27,7 @@ pub mod ports;
 pub mod provisioning;
 pub mod secrets;
 pub mod throttle;
+pub mod upgrade;
 pub mod workflow;
 
 pub use auth::Tokens;
@@ -43,4 +45,5 @@ pub use ports::{
     Reservation, ServedConfig, Stage, StoreError, StoreHealth, Stores, TokenInfo, TokenStore,
 };
 pub use secrets::SecretBox;
+pub use upgrade::{UpgradeSettings, Upgrades};
 pub use workflow::{WorkflowSettings, Workflows};

@@ -103,6 +103,7 @@ pub struct Workflows {
     reinstalls: Arc<dyn ReinstallStore>,
     events: Arc<dyn EventStore>,
     clusters: Clusters,
+    upgrades: Arc<dyn super::ports::upgrades::UpgradeStore>,
     settings: WorkflowSettings,
     measured: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, DateTime<Utc>>>>,
 }
@@ -139,8 +140,9 @@ fn event(id: MachineId, kind: &str, actor: &str, detail: serde_json::Value) -> N
 }
 
 impl Workflows {
-    /// Over the inventory, configs and BMCs, the reinstall rows, the event log and the clusters
-    /// (the Talos API).
+    /// Over the inventory, configs and BMCs, the reinstall rows, the event log, the clusters
+    /// (the Talos API) and the upgrade rollouts (a reinstall waits for one).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inventory: Inventory,
         configs: ConfigService,
@@ -148,6 +150,7 @@ impl Workflows {
         reinstalls: Arc<dyn ReinstallStore>,
         events: Arc<dyn EventStore>,
         clusters: Clusters,
+        upgrades: Arc<dyn super::ports::upgrades::UpgradeStore>,
         settings: WorkflowSettings,
     ) -> Self {
         Workflows {
@@ -157,6 +160,7 @@ impl Workflows {
             reinstalls,
             events,
             clusters,
+            upgrades,
             settings,
             measured: std::sync::Arc::default(),
         }
@@ -201,6 +205,18 @@ impl Workflows {
         let Some(cluster) = &m.cluster else {
             return Ok(());
         };
+        // A rollout takes nodes down one at a time by its own rules: a reinstall beside it could
+        // take a second control plane (or a rack's last worker) down.
+        match self.upgrades.latest_rollout(cluster).await {
+            Ok(Some((r, _))) if r.state.is_active() => {
+                return Err(format!(
+                    "cluster {cluster} has an upgrade rollout to {} ({}, {}): reinstalls wait until it ends (plinth cluster upgrade {cluster} --status)",
+                    r.to_version, r.state, r.id
+                ))
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("the upgrade rollouts cannot be read: {e}")),
+        }
         let machines = self
             .cluster_machines(cluster)
             .await

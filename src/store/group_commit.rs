@@ -18,13 +18,16 @@
 //! the batch's transaction); no crate offers group commit over sqlx.
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::domain::{MacAddr, MachineId};
-use crate::service::ports::{LeaseClaim, LeaseState, NewEvent, ServedConfig, StoreError};
+use crate::service::ports::{
+    CommitObserver, CommitReport, LeaseClaim, LeaseState, NewEvent, ServedConfig, StoreError,
+};
 
 /// Most writes committed together. Bounds one transaction's time and the latency the first
 /// waiter of a batch pays for the others.
@@ -74,27 +77,56 @@ pub(crate) trait WriteBatch: Send + Sync + 'static {
 struct Job {
     op: WriteOp,
     done: oneshot::Sender<Result<bool, StoreError>>,
+    queued_at: Instant,
 }
 
+/// Where the writer reports its transactions (set once, after the store opened).
+type Observer = Arc<OnceLock<Arc<dyn CommitObserver>>>;
+
 /// The handle stores keep: send a write, wait for its committed result.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct GroupCommit {
     tx: mpsc::Sender<Job>,
+    observer: Observer,
+}
+
+impl std::fmt::Debug for GroupCommit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GroupCommit").finish_non_exhaustive()
+    }
 }
 
 impl GroupCommit {
-    /// Start the writer task on the current Tokio runtime. It ends when every handle is dropped.
-    pub(crate) fn spawn(batch: impl WriteBatch) -> Self {
+    /// Start `writers` writer tasks on the current Tokio runtime, taking turns at the queue: each
+    /// takes what is queued and commits it while the next one gathers the writes that arrive
+    /// meanwhile (one on SQLite, whose one writer connection serialises them anyway; several on
+    /// PostgreSQL, where transactions of distinct rows proceed together and the commits' WAL
+    /// flushes overlap). They end when every handle is dropped.
+    pub(crate) fn spawn(batch: impl WriteBatch, writers: usize) -> Self {
         let (tx, rx) = mpsc::channel(QUEUE);
-        tokio::spawn(run(Arc::new(batch), rx));
-        Self { tx }
+        let observer = Observer::default();
+        let (batch, rx): (Arc<dyn WriteBatch>, _) =
+            (Arc::new(batch), Arc::new(tokio::sync::Mutex::new(rx)));
+        for _ in 0..writers.max(1) {
+            tokio::spawn(run(batch.clone(), rx.clone(), observer.clone()));
+        }
+        Self { tx, observer }
+    }
+
+    /// Report every transaction to `observer` from now on (the first one set stays).
+    pub(crate) fn observe(&self, observer: Arc<dyn CommitObserver>) {
+        let _ = self.observer.set(observer);
     }
 
     /// Queue `op` and wait until the transaction that holds it has committed.
     pub(crate) async fn write(&self, op: WriteOp) -> Result<bool, StoreError> {
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(Job { op, done })
+            .send(Job {
+                op,
+                done,
+                queued_at: Instant::now(),
+            })
             .await
             .map_err(|_| StoreError::Backend("the group commit writer has stopped".into()))?;
         rx.await
@@ -102,12 +134,38 @@ impl GroupCommit {
     }
 }
 
-async fn run(batch: Arc<dyn WriteBatch>, mut rx: mpsc::Receiver<Job>) {
+async fn run(
+    batch: Arc<dyn WriteBatch>,
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Job>>>,
+    observer: Observer,
+) {
     let mut jobs: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    // Waits for the first write, then takes whatever else is already queued.
-    while rx.recv_many(&mut jobs, MAX_BATCH).await > 0 {
+    loop {
+        // This writer's turn at the queue: wait for the first write, then take whatever else is
+        // already queued.
+        let queued = {
+            let mut rx = rx.lock().await;
+            if rx.recv_many(&mut jobs, MAX_BATCH).await == 0 {
+                return;
+            }
+            rx.len()
+        };
         let ops: Vec<WriteOp> = jobs.iter().map(|j| j.op.clone()).collect();
-        match batch.apply(&ops).await {
+        let began = Instant::now();
+        let result = batch.apply(&ops).await;
+        if let Some(o) = observer.get() {
+            o.transaction(CommitReport {
+                writes: ops.len(),
+                waited: jobs
+                    .first()
+                    .map(|j| began.duration_since(j.queued_at))
+                    .unwrap_or_default(),
+                took: began.elapsed(),
+                committed: result.is_ok(),
+                queued,
+            });
+        }
+        match result {
             Ok(results) if results.len() == jobs.len() => {
                 for (job, r) in jobs.drain(..).zip(results) {
                     let _ = job.done.send(Ok(r));
@@ -128,14 +186,22 @@ async fn run(batch: Arc<dyn WriteBatch>, mut rx: mpsc::Receiver<Job>) {
             Err(e) => {
                 tracing::warn!(error = %e, writes = jobs.len(), "write batch rolled back; retrying its writes one by one");
                 for job in jobs.drain(..) {
-                    let r = batch
-                        .apply(std::slice::from_ref(&job.op))
-                        .await
-                        .and_then(|v| {
-                            v.first().copied().ok_or_else(|| {
-                                StoreError::Backend("a write returned no result".into())
-                            })
+                    let began = Instant::now();
+                    let r = batch.apply(std::slice::from_ref(&job.op)).await;
+                    if let Some(o) = observer.get() {
+                        o.transaction(CommitReport {
+                            writes: 1,
+                            waited: began.duration_since(job.queued_at),
+                            took: began.elapsed(),
+                            committed: r.is_ok(),
+                            queued,
                         });
+                    }
+                    let r = r.and_then(|v| {
+                        v.first()
+                            .copied()
+                            .ok_or_else(|| StoreError::Backend("a write returned no result".into()))
+                    });
                     let _ = job.done.send(r);
                 }
             }
@@ -197,7 +263,7 @@ mod tests {
             sizes: Mutex::new(Vec::new()),
             gate: tokio::sync::Semaphore::new(0),
         });
-        let w = GroupCommit::spawn(fake.clone());
+        let w = GroupCommit::spawn(fake.clone(), 1);
         // One write starts a batch and blocks in it; the next ones queue behind it.
         let first = tokio::spawn({
             let w = w.clone();

@@ -2,7 +2,7 @@
 //! and PostgreSQL (several Plinth instances sharing one inventory).
 //!
 //! Layout: the SQL of each port is one plain-Rust file in `sql/` (`machines.rs`, `events.rs`,
-//! `tokens.rs`, `leases.rs`, `bmc.rs`, `configs.rs`, `reinstalls.rs`, `talos_state.rs`,
+//! `tokens.rs`, `leases.rs`, `bmc.rs`, `configs.rs`, `reinstalls.rs`, `talos_state.rs`, `upgrades.rs`,
 //! `health.rs`, the group
 //! commit's `batch.rs`, the writer's turn in `write.rs`). Each dialect module (`sqlite.rs`,
 //! `postgres.rs`) names its database (`type Db = sqlx::Sqlite`), declares its store type and

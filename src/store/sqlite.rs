@@ -49,6 +49,9 @@ mod talos_state;
 #[path = "sql/tokens.rs"]
 mod tokens;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/upgrades.rs"]
+mod upgrades;
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/write.rs"]
 mod write;
 
@@ -179,7 +182,7 @@ impl SqliteStore {
             p.push(suffix);
             tighten(std::path::Path::new(&p))?;
         }
-        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()));
+        let group_commit = GroupCommit::spawn(batch::Batch(write.clone()), 1);
         Ok(Self {
             write,
             read,

@@ -1,10 +1,14 @@
 //! The base machine config of a role, generated natively from a secrets bundle in the shape
-//! `talosctl gen config` writes for the target Talos release, so a site needs no Go tooling: the
-//! v1alpha1 document (machine and cluster sections, with the CA keys and Kubernetes secrets only
-//! on control planes) and, from Talos 1.12, the `HostnameConfig` document with a stable hostname.
+//! `talosctl gen config` writes for the target Talos release, so a site needs no Go tooling: up to
+//! 1.13 the v1alpha1 document (machine and cluster sections, with the CA keys and Kubernetes
+//! secrets only on control planes) and, from Talos 1.12, the `HostnameConfig` document with a
+//! stable hostname; from 1.14 a slim v1alpha1 document and one document per concern (discovery,
+//! resolver, volumes, security profile, hostname and the Kubernetes documents): 14 documents on a
+//! worker, 28 on a control plane, plus `UnattendedInstallConfig` when the install disk is known.
 //!
-//! The shape follows Talos's config generator and its version contract per release (1.11, 1.12
-//! and 1.13 are supported; their encoding-stability test data was the reference). The result is
+//! The shape follows Talos's config generator (`pkg/machinery/config/generate`) and its version
+//! contract per release (1.11 to 1.14 are supported; their encoding-stability test data,
+//! `pkg/machinery/config/types/v1alpha1/testdata/stability`, was the reference). The result is
 //! the `base` of [`crate::talos::render`]: the install disk is left to the machine's facts unless
 //! [`GenerateOptions::install_disk`] names one. This module is pure: no I/O, no logging (its
 //! input and output carry private keys), and it imports nothing outside `crate::talos` and
@@ -26,9 +30,13 @@ pub const DEFAULT_SERVICE_SUBNET: &str = "10.96.0.0/12";
 const KUBEPRISM_PORT: u64 = 7445;
 /// Label that keeps control planes out of external load balancers (Talos > 1.7).
 const EXCLUDE_FROM_EXTERNAL_LB: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The control-plane role label, and the taint Talos 1.14 writes with it.
+const CONTROL_PLANE_ROLE: &str = "node-role.kubernetes.io/control-plane";
+/// `DefaultDiscoveryServiceEndpoint`.
+const DISCOVERY_SERVICE_ENDPOINT: &str = "https://discovery.talos.dev/";
 
 /// Oldest and newest Talos minor releases whose generated shape this module knows.
-const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 11..=13;
+const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 11..=14;
 
 /// The default Kubernetes version of each Talos release (`DefaultKubernetesVersion` of the
 /// release's `pkg/machinery/constants`): (minor, first patch with this default, version).
@@ -43,13 +51,15 @@ const KUBERNETES_DEFAULTS: &[(u32, u32, &str)] = &[
     (13, 3, "1.36.1"),
     (13, 5, "1.36.2"),
     (13, 9, "1.36.3"),
+    // v1.14.0-rc.1 (the release candidate whose schema Plinth embeds).
+    (14, 0, "1.37.0-rc.0"),
 ];
 
 /// Why a config could not be generated. Messages name fields, never their values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GenerateError {
     /// The target release is not one whose generated shape is known.
-    #[error("generating configs for Talos {version} is not supported: Plinth knows the shape `talosctl gen config` writes for Talos 1.11 to 1.13; generate the base config with talosctl of that release and configure it as a file")]
+    #[error("generating configs for Talos {version} is not supported: Plinth knows the shape `talosctl gen config` writes for Talos 1.11 to 1.14; generate the base config with talosctl of that release and configure it as a file")]
     UnsupportedVersion {
         /// The release asked for.
         version: TalosVersion,
@@ -59,6 +69,12 @@ pub enum GenerateError {
     IncompleteBundle {
         /// Bundle fields, e.g. `certs.os.crt`.
         fields: Vec<&'static str>,
+    },
+    /// A bundle value is not in the form the bundle keeps it (base64 of PEM text).
+    #[error("the secrets bundle's {field} is not base64 of PEM text")]
+    BundleEncoding {
+        /// Bundle field, e.g. `certs.k8s.crt`.
+        field: &'static str,
     },
     /// An option is not usable.
     #[error("{field}: {reason}")]
@@ -182,6 +198,9 @@ pub fn generate(
     }
     let shape = Shape::of(version);
     let control_plane = role == Role::ControlPlane;
+    if version >= TalosVersion::new(1, 14, 0) {
+        return multidoc(&secrets, control_plane, &k8s, opts).map(MachineConfig::from_documents);
+    }
 
     let mut doc = Mapping::new();
     put(&mut doc, "version", "v1alpha1");
@@ -287,6 +306,394 @@ impl<'a> Secrets<'a> {
             etcd_crt: crt(&c.etcd),
         })
     }
+}
+
+/// A bundle value (base64 of PEM) as the PEM text the 1.14 documents hold.
+fn pem_text(b64: &str, field: &'static str) -> Result<String, GenerateError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .ok()
+        .and_then(|raw| String::from_utf8(raw).ok())
+        .filter(|t| t.contains("-----BEGIN "))
+        .ok_or(GenerateError::BundleEncoding { field })
+}
+
+/// A multi-document config document: `apiVersion: v1alpha1`, `kind`, then `fields`.
+fn document(kind: &str, fields: Vec<(&str, Value)>) -> Value {
+    let mut m = Mapping::new();
+    put(&mut m, "apiVersion", "v1alpha1");
+    put(&mut m, "kind", kind);
+    for (k, v) in fields {
+        put(&mut m, k, v);
+    }
+    Value::Mapping(m)
+}
+
+/// The documents `talosctl gen config` of Talos 1.14 writes (`init.go`, `worker.go`,
+/// `kubernetes.go`, `block.go`, `security_profile.go`, `network.go` of
+/// `pkg/machinery/config/generate` at v1.14.0-rc.1, with discovery on as the CLI defaults), in its
+/// order. The v1alpha1 document keeps only what has no document of its own: the machine type,
+/// trustd token, Talos API CA, API SANs, features, the bootstrap token and (control planes) the
+/// etcd CA.
+fn multidoc(
+    s: &Secrets<'_>,
+    control_plane: bool,
+    k8s: &str,
+    opts: &GenerateOptions,
+) -> Result<Vec<Value>, GenerateError> {
+    let b = s.bundle;
+    let endpoint = opts.endpoint.trim();
+
+    let mut machine = Mapping::new();
+    put(
+        &mut machine,
+        "type",
+        if control_plane {
+            "controlplane"
+        } else {
+            "worker"
+        },
+    );
+    put(&mut machine, "token", b.trustdinfo.token.as_str());
+    let os_key = if control_plane {
+        b.certs.os.key.as_str()
+    } else {
+        ""
+    };
+    put(&mut machine, "ca", cert_and_key(s.os_crt, os_key));
+    put(&mut machine, "certSANs", strings(&opts.additional_sans));
+    put(
+        &mut machine,
+        "features",
+        map(vec![("diskQuotaSupport", true.into())]),
+    );
+    let mut cluster = Mapping::new();
+    put(&mut cluster, "token", b.secrets.bootstraptoken.as_str());
+    if control_plane {
+        put(
+            &mut cluster,
+            "etcd",
+            map(vec![("ca", cert_and_key(s.etcd_crt, &b.certs.etcd.key))]),
+        );
+    }
+    let mut v1 = Mapping::new();
+    put(&mut v1, "version", "v1alpha1");
+    put(&mut v1, "debug", false);
+    put(&mut v1, "persist", true);
+    put(&mut v1, "machine", Value::Mapping(machine));
+    put(&mut v1, "cluster", Value::Mapping(cluster));
+
+    let mut docs = vec![
+        Value::Mapping(v1),
+        document(
+            "DiscoveryServiceConfig",
+            vec![
+                ("name", "default".into()),
+                ("endpoint", DISCOVERY_SERVICE_ENDPOINT.into()),
+            ],
+        ),
+        document(
+            "DiscoveryIdentityConfig",
+            vec![
+                ("clusterID", b.cluster.id.as_str().into()),
+                ("clusterSecret", b.cluster.secret.as_str().into()),
+            ],
+        ),
+    ];
+    if let Some(disk) = &opts.install_disk {
+        // Talos writes this document only when it knows the install disk; it selects the disk
+        // by its device path, as `--install-disk` names it.
+        let image = opts
+            .install_image
+            .clone()
+            .unwrap_or_else(|| default_install_image(opts.version));
+        docs.push(document(
+            "UnattendedInstallConfig",
+            vec![
+                ("installer", map(vec![("image", image.into())])),
+                (
+                    "provisioning",
+                    map(vec![
+                        (
+                            "diskSelector",
+                            map(vec![(
+                                "match",
+                                format!("disk.dev_path == {}", go_quote(disk.trim())).into(),
+                            )]),
+                        ),
+                        ("wipe", false.into()),
+                    ]),
+                ),
+            ],
+        ));
+    }
+    docs.extend([
+        document(
+            "ResolverConfig",
+            vec![(
+                "hostDNS",
+                map(vec![
+                    ("enabled", true.into()),
+                    ("forwardKubeDNSToHost", true.into()),
+                ]),
+            )],
+        ),
+        document(
+            "VolumeConfig",
+            vec![
+                ("name", "EPHEMERAL".into()),
+                ("mount", map(vec![("secure", true.into())])),
+            ],
+        ),
+        // `DefaultFilesystemTrimInterval` (a week), as Go prints a duration.
+        document(
+            "FilesystemTrimConfig",
+            vec![("interval", "168h0m0s".into())],
+        ),
+        document(
+            "SecurityProfileConfig",
+            vec![("workloadIsolation", true.into())],
+        ),
+        document("HostnameConfig", vec![("auto", "stable".into())]),
+        document(
+            "KubeClusterConfig",
+            vec![
+                ("clusterName", opts.cluster_name.trim().into()),
+                ("endpoint", endpoint.into()),
+            ],
+        ),
+    ]);
+    let mut node = vec![("nodeIP", Value::Mapping(Mapping::new()))];
+    if control_plane {
+        node.push((
+            "labels",
+            map(vec![
+                (CONTROL_PLANE_ROLE, "".into()),
+                (EXCLUDE_FROM_EXTERNAL_LB, "".into()),
+            ]),
+        ));
+        node.push((
+            "taints",
+            map(vec![(CONTROL_PLANE_ROLE, "NoSchedule".into())]),
+        ));
+    }
+    docs.push(document("KubeNodeConfig", node));
+    docs.push(document(
+        "KubeletConfig",
+        vec![
+            ("image", format!("ghcr.io/siderolabs/kubelet:v{k8s}").into()),
+            ("config", Value::Mapping(Mapping::new())),
+            ("defaultRuntimeSeccompProfileEnabled", true.into()),
+        ],
+    ));
+    docs.push(document(
+        "KubeNetworkConfig",
+        vec![
+            ("dnsDomain", opts.dns_domain.trim().into()),
+            ("podSubnets", strings(&opts.pod_subnets)),
+            ("serviceSubnets", strings(&opts.service_subnets)),
+        ],
+    ));
+    let k8s_crt = pem_text(s.k8s_crt, "certs.k8s.crt")?;
+    docs.push(if control_plane {
+        document(
+            "KubeAPIServerCAConfig",
+            vec![(
+                "issuingCA",
+                map(vec![
+                    ("cert", k8s_crt.into()),
+                    ("key", pem_text(&b.certs.k8s.key, "certs.k8s.key")?.into()),
+                ]),
+            )],
+        )
+    } else {
+        document(
+            "KubeAPIServerCAConfig",
+            vec![("acceptedCAs", Value::Sequence(vec![k8s_crt.into()]))],
+        )
+    });
+    docs.push(document(
+        "KubePrismConfig",
+        vec![("port", KUBEPRISM_PORT.into())],
+    ));
+    if !control_plane {
+        return Ok(docs);
+    }
+
+    docs.push(document(
+        "KubeAggregatorCAConfig",
+        vec![(
+            "issuingCA",
+            map(vec![
+                (
+                    "cert",
+                    pem_text(s.aggregator_crt, "certs.k8saggregator.crt")?.into(),
+                ),
+                (
+                    "key",
+                    pem_text(&b.certs.k8saggregator.key, "certs.k8saggregator.key")?.into(),
+                ),
+            ]),
+        )],
+    ));
+    let admission = pod_security_admission();
+    let psa = admission
+        .as_sequence()
+        .and_then(|l| l.first())
+        .and_then(|p| p.get("configuration"))
+        .cloned()
+        .unwrap_or(Value::Null);
+    docs.push(document(
+        "KubeAdmissionControlConfig",
+        vec![("name", "PodSecurity".into()), ("configuration", psa)],
+    ));
+    docs.push(document(
+        "KubeAuditPolicyConfig",
+        vec![("configuration", audit_policy())],
+    ));
+    let health = |p: &str| map(vec![("path", p.into())]);
+    docs.push(document(
+        "KubeAuthenticationConfig",
+        vec![(
+            "configuration",
+            map(vec![
+                (
+                    "anonymous",
+                    map(vec![
+                        (
+                            "conditions",
+                            Value::Sequence(vec![
+                                health("/livez"),
+                                health("/readyz"),
+                                health("/healthz"),
+                            ]),
+                        ),
+                        ("enabled", true.into()),
+                    ]),
+                ),
+                ("jwt", Value::Sequence(Vec::new())),
+            ]),
+        )],
+    ));
+    for (name, kind) in [("node", "Node"), ("rbac", "RBAC")] {
+        docs.push(document(
+            "KubeAuthorizerConfig",
+            vec![("name", name.into()), ("type", kind.into())],
+        ));
+    }
+    // Encryption at rest of Secrets with the bundle's key, named as Talos before 1.14 rendered it
+    // for kube-apiserver (`key2` secretbox, `key1` AES-CBC), so a cluster whose configs are
+    // regenerated keeps decrypting what it wrote. Talos' 1.14 generator writes a bundle's
+    // AES-CBC key under a `secretbox` provider; Plinth writes `aescbc`, which is what the
+    // rendered kube-apiserver configuration used for that key until 1.14.
+    let key = |name: &str, secret: &str| {
+        map(vec![(
+            "keys",
+            Value::Sequence(vec![map(vec![
+                ("name", name.into()),
+                ("secret", secret.into()),
+            ])]),
+        )])
+    };
+    let mut providers = Vec::new();
+    if !b.secrets.secretboxencryptionsecret.is_empty() {
+        providers.push(map(vec![(
+            "secretbox",
+            key("key2", &b.secrets.secretboxencryptionsecret),
+        )]));
+    }
+    if !b.secrets.aescbcencryptionsecret.is_empty() {
+        providers.push(map(vec![(
+            "aescbc",
+            key("key1", &b.secrets.aescbcencryptionsecret),
+        )]));
+    }
+    docs.push(document(
+        "KubeEtcdEncryptionConfig",
+        vec![(
+            "config",
+            map(vec![(
+                "resources",
+                Value::Sequence(vec![map(vec![
+                    ("providers", Value::Sequence(providers)),
+                    ("resources", Value::Sequence(vec!["secrets".into()])),
+                ])]),
+            )]),
+        )],
+    ));
+    docs.push(document(
+        "KubeServiceAccountConfig",
+        vec![(
+            "issuer",
+            map(vec![
+                (
+                    "privateKey",
+                    pem_text(
+                        &b.certs.k8sserviceaccount.key,
+                        "certs.k8sserviceaccount.key",
+                    )?
+                    .into(),
+                ),
+                ("issuerURL", endpoint.into()),
+            ]),
+        )],
+    ));
+    let mut api = vec![(
+        "image",
+        format!("registry.k8s.io/kube-apiserver:v{k8s}").into(),
+    )];
+    if !opts.additional_sans.is_empty() {
+        api.push(("certExtraSANs", strings(&opts.additional_sans)));
+    }
+    docs.push(document("KubeAPIServerConfig", api));
+    docs.push(document(
+        "KubeControllerManagerConfig",
+        vec![(
+            "image",
+            format!("registry.k8s.io/kube-controller-manager:v{k8s}").into(),
+        )],
+    ));
+    for (kind, image) in [
+        ("KubeSchedulerConfig", "kube-scheduler"),
+        ("KubeProxyConfig", "kube-proxy"),
+    ] {
+        docs.push(document(
+            kind,
+            vec![
+                ("image", format!("registry.k8s.io/{image}:v{k8s}").into()),
+                ("config", Value::Mapping(Mapping::new())),
+            ],
+        ));
+    }
+    docs.push(document(
+        "KubeFlannelCNIConfig",
+        vec![
+            ("backendType", "vxlan".into()),
+            ("backendPort", 4789u64.into()),
+        ],
+    ));
+    docs.push(document(
+        "KubeCoreDNSConfig",
+        vec![("enabled", true.into())],
+    ));
+    Ok(docs)
+}
+
+/// A string as Go's `%q` quotes it, for the printable ASCII a device path holds (other bytes are
+/// escaped as `\xNN`, which CEL reads the same way).
+fn go_quote(s: &str) -> String {
+    let mut out = String::from("\"");
+    for b in s.bytes() {
+        match b {
+            b'"' => out.push_str("\\\""),
+            b'\\' => out.push_str("\\\\"),
+            0x20..=0x7e => out.push(b as char),
+            _ => out.push_str(&format!("\\x{b:02x}")),
+        }
+    }
+    out.push('"');
+    out
 }
 
 fn put(m: &mut Mapping, key: &str, value: impl Into<Value>) {
@@ -486,18 +893,7 @@ fn cluster_section(
         put(&mut api, "disablePodSecurityPolicy", true);
     }
     put(&mut api, "admissionControl", pod_security_admission());
-    put(
-        &mut api,
-        "auditPolicy",
-        map(vec![
-            ("apiVersion", "audit.k8s.io/v1".into()),
-            ("kind", "Policy".into()),
-            (
-                "rules",
-                Value::Sequence(vec![map(vec![("level", "Metadata".into())])]),
-            ),
-        ]),
-    );
+    put(&mut api, "auditPolicy", audit_policy());
     put(&mut c, "apiServer", api);
     for (section, image) in [
         ("controllerManager", "kube-controller-manager"),
@@ -520,6 +916,18 @@ fn cluster_section(
         map(vec![("ca", cert_and_key(s.etcd_crt, &b.certs.etcd.key))]),
     );
     Value::Mapping(c)
+}
+
+/// The audit policy Talos writes by default: everything at `Metadata` level.
+fn audit_policy() -> Value {
+    map(vec![
+        ("apiVersion", "audit.k8s.io/v1".into()),
+        ("kind", "Policy".into()),
+        (
+            "rules",
+            Value::Sequence(vec![map(vec![("level", "Metadata".into())])]),
+        ),
+    ])
 }
 
 /// Pod Security admission defaults Talos writes: enforce `baseline`, audit and warn
@@ -1131,7 +1539,7 @@ mod tests {
             ),
             (
                 GenerateOptions {
-                    version: v("v1.14.0"),
+                    version: v("v1.15.0"),
                     ..ok.clone()
                 },
                 "not supported",
@@ -1272,8 +1680,10 @@ mod tests {
             ("v1.13.4", Some("1.36.1")),
             ("v1.13.8", Some("1.36.2")),
             ("v1.13.12", Some("1.36.3")),
+            // v1.14.0-rc.1's default.
+            ("v1.14.0", Some("1.37.0-rc.0")),
             ("v1.10.9", None),
-            ("v1.14.0", None),
+            ("v1.15.0", None),
         ];
         for (release, want) in table {
             assert_eq!(default_kubernetes_version(v(release)), want, "{release}");

@@ -1,10 +1,125 @@
 //! Talos' own kernel arguments for a release, as Talos builds them for its boot assets
 //! (`DefaultArgs` in `pkg/machinery/kernel/kernel.go` and the version quirks of
 //! `pkg/machinery/imager/quirks/quirks.go`, read at v1.11.6, v1.12.11, v1.13.9 and
-//! v1.14.0-rc.1): the PXE kernel line Plinth writes starts with these, as Image Factory's does.
-//! Pure data; imports nothing outside `crate::talos`.
+//! v1.14.0-rc.1), and the PXE kernel line Image Factory serves for a schematic ([`pxe_args`]):
+//! the PXE kernel line Plinth writes starts with it. Pure data; imports nothing outside
+//! `crate::talos` and `crate::domain`.
 
 use super::TalosVersion;
+use crate::domain::dhcp::Arch;
+
+/// A kernel command line as Talos' imager keeps it while building one (`procfs.Cmdline` of
+/// siderolabs/go-procfs): each key once, in the order first seen, with all its values; a key
+/// seen again gains a value in its first place.
+#[derive(Debug, Default)]
+struct Cmdline(Vec<(String, Vec<String>)>);
+
+impl Cmdline {
+    /// Words as the kernel splits them, grouped by key (`a=1 b a=2` -> `a: [1, 2], b: [""]`).
+    fn parse(args: &[String]) -> Vec<(String, Vec<String>)> {
+        let mut out = Cmdline::default();
+        for word in args.iter().flat_map(|a| a.split_whitespace()) {
+            let (k, v) = word.split_once('=').unwrap_or((word, ""));
+            out.append(k, v);
+        }
+        out.0
+    }
+
+    fn append(&mut self, key: &str, value: &str) {
+        match self.0.iter_mut().find(|(k, _)| k == key) {
+            Some((_, values)) => values.push(value.to_string()),
+            None => self.0.push((key.to_string(), vec![value.to_string()])),
+        }
+    }
+
+    /// Replace the key's values where it stands, or add it at the end.
+    fn set(&mut self, key: String, values: Vec<String>) {
+        match self.0.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, old)) => *old = values,
+            None => self.0.push((key, values)),
+        }
+    }
+
+    /// `AppendAll`: each key of `args` adds its values, except keys in `overwrite`, which replace
+    /// the key's values; with `delete_negated`, `-key` removes the key and `-key=value` that value.
+    fn append_all(&mut self, args: &[String], overwrite: &[&str], delete_negated: bool) {
+        for (key, values) in Cmdline::parse(args) {
+            if delete_negated && key.len() > 1 && key.starts_with('-') {
+                let target = &key[1..];
+                match values.first().map(String::as_str) {
+                    Some("") | None => self.0.retain(|(k, _)| k != target),
+                    Some(_) => {
+                        if let Some((_, old)) = self.0.iter_mut().find(|(k, _)| k == target) {
+                            old.retain(|v| !values.contains(v));
+                        }
+                    }
+                }
+                continue;
+            }
+            if overwrite.contains(&key.as_str()) {
+                self.set(key, values);
+                continue;
+            }
+            for v in &values {
+                self.append(&key, v);
+            }
+        }
+    }
+
+    /// One word per value: `key=value`, or the bare key for an empty value.
+    fn words(&self) -> Vec<String> {
+        self.0
+            .iter()
+            .flat_map(|(k, values)| {
+                values.iter().map(move |v| {
+                    if v.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{k}={v}")
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// The console the metal platform puts on the kernel line (`KernelArgs` of Talos' metal platform,
+/// `internal/app/machined/pkg/runtime/v1alpha1/platform/metal/metal.go`): `tty0` on x86-64
+/// (`ttyS0 tty0` only before 1.8), `ttyAMA0 tty0` on ARM64.
+fn metal_console(version: TalosVersion, arch: Arch) -> Vec<&'static str> {
+    match arch {
+        Arch::Amd64 if version < TalosVersion::new(1, 8, 0) => vec!["ttyS0", "tty0"],
+        Arch::Amd64 => vec!["tty0"],
+        Arch::Arm64 => vec!["ttyAMA0", "tty0"],
+    }
+}
+
+/// The kernel arguments of the PXE line Image Factory serves for Talos `version` on `arch`
+/// with a schematic whose `customization.extraKernelArgs` are `schematic_args`, as Talos'
+/// imager builds a `cmdline-metal-<arch>` asset (`buildCmdline` in `pkg/imager/imager.go`, the
+/// same from v1.11.6 to v1.14.0-rc.1): `talos.platform=metal`, the platform's console, Talos'
+/// default arguments ([`default_args`]), then the schematic's arguments, where a `console` or
+/// `talos.platform` argument replaces the earlier ones and `-key` / `-key=value` removes them.
+/// (The schematic's META values, which Image Factory adds as `talos.environment`, are not
+/// written: Plinth does not carry them to the boot.)
+pub fn pxe_args(version: TalosVersion, arch: Arch, schematic_args: &[String]) -> Vec<String> {
+    let mut line = Cmdline::default();
+    line.append("talos.platform", "metal");
+    line.set(
+        "console".into(),
+        metal_console(version, arch)
+            .into_iter()
+            .map(str::to_string)
+            .collect(),
+    );
+    let defaults: Vec<String> = default_args(version)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+    line.append_all(&defaults, &[], false);
+    line.append_all(schematic_args, &["console", "talos.platform"], true);
+    line.words()
+}
 
 /// The default kernel arguments of Talos `version` on bare metal, in Talos' order. An argument
 /// Talos writes with an empty value (`slab_nomerge=`) is written bare, as the kernel reads it.
@@ -42,6 +157,93 @@ pub fn default_args(version: TalosVersion) -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strings(s: &str) -> Vec<String> {
+        s.split(' ')
+            .filter(|w| !w.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn pxe_line_as_image_factory_builds_it() {
+        let v13 = TalosVersion::new(1, 13, 9);
+        let v14 = TalosVersion::new(1, 14, 0);
+        let defaults13 = default_args(v13).join(" ");
+        let defaults14 = default_args(v14).join(" ");
+        let cases: Vec<(TalosVersion, Arch, &str, String)> = vec![
+            (
+                v13,
+                Arch::Amd64,
+                "",
+                format!("talos.platform=metal console=tty0 {defaults13}"),
+            ),
+            (
+                v13,
+                Arch::Arm64,
+                "",
+                format!("talos.platform=metal console=ttyAMA0 console=tty0 {defaults13}"),
+            ),
+            (
+                TalosVersion::new(1, 7, 0),
+                Arch::Amd64,
+                "",
+                format!(
+                    "talos.platform=metal console=ttyS0 console=tty0 {}",
+                    default_args(TalosVersion::new(1, 7, 0)).join(" ")
+                ),
+            ),
+            // Schematic arguments come after the defaults...
+            (
+                v14,
+                Arch::Amd64,
+                "net.ifnames=0 ip=dhcp",
+                format!("talos.platform=metal console=tty0 {defaults14} net.ifnames=0 ip=dhcp"),
+            ),
+            // ...except a console, which replaces the platform's where it stands...
+            (
+                v14,
+                Arch::Amd64,
+                "console=ttyS0,115200 console=tty1 foo",
+                format!("talos.platform=metal console=ttyS0,115200 console=tty1 {defaults14} foo"),
+            ),
+            // ...a negated argument, which removes one (or one value of one)...
+            (
+                v14,
+                Arch::Arm64,
+                "-pti -console=ttyAMA0 -nothing",
+                format!(
+                    "talos.platform=metal console=tty0 {}",
+                    defaults14.replace("pti=on ", "")
+                ),
+            ),
+            // ...and a repeated key, which joins the key's first place.
+            (
+                v13,
+                Arch::Amd64,
+                "pti=off slab_nomerge=0",
+                format!(
+                    "talos.platform=metal console=tty0 {}",
+                    defaults13
+                        .replace("pti=on", "pti=on pti=off")
+                        .replace("slab_nomerge", "slab_nomerge slab_nomerge=0")
+                ),
+            ),
+            (
+                v13,
+                Arch::Amd64,
+                "talos.platform=equinixMetal",
+                format!("talos.platform=equinixMetal console=tty0 {defaults13}"),
+            ),
+        ];
+        for (version, arch, schematic, want) in cases {
+            assert_eq!(
+                pxe_args(version, arch, &strings(schematic)).join(" "),
+                want,
+                "{version} {arch:?} `{schematic}`"
+            );
+        }
+    }
 
     #[test]
     fn default_args_per_release() {

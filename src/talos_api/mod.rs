@@ -32,11 +32,14 @@ use tokio_rustls::client::TlsStream;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::service::ports::talos_api::{
-    BootstrapOptions, ClusterCheck, ClusterNodes, EtcdMember, EtcdMemberStatus, NodeVersion,
-    ServiceStatus, StatusCode, TalosApi, TalosApiError, TalosApiFailure, TalosNode,
+    BootstrapOptions, ClusterCheck, ClusterNodes, EtcdMember, EtcdMemberStatus, InstallOutcome,
+    NodeVersion, ServiceStatus, StatusCode, TalosApi, TalosApiError, TalosApiFailure, TalosNode,
+    INSTALL_LINES,
 };
 use proto::cluster::cluster_service_client::ClusterServiceClient;
 use proto::common::Metadata;
+use proto::machine::image_service_client::ImageServiceClient;
+use proto::machine::lifecycle_service_client::LifecycleServiceClient;
 use proto::machine::machine_service_client::MachineServiceClient;
 
 /// Timeouts and retries of the client.
@@ -75,6 +78,26 @@ const SERVICE_LIST: &str = "machine.MachineService/ServiceList";
 const ETCD_MEMBER_LIST: &str = "machine.MachineService/EtcdMemberList";
 const ETCD_STATUS: &str = "machine.MachineService/EtcdStatus";
 const HEALTH_CHECK: &str = "cluster.ClusterService/HealthCheck";
+const READ: &str = "machine.MachineService/Read";
+const UPGRADE: &str = "machine.MachineService/Upgrade";
+const REBOOT: &str = "machine.MachineService/Reboot";
+const IMAGE_PULL: &str = "machine.ImageService/Pull";
+const LIFECYCLE_UPGRADE: &str = "machine.LifecycleService/Upgrade";
+
+/// The file whose content changes with every boot (what talosctl reads to tell a reboot).
+const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
+/// Longest boot id read: it is a UUID; anything longer is not one.
+const BOOT_ID_MAX: usize = 64;
+/// Messages of a pull or an install read at most (a node streaming without end is cut off).
+const STREAM_MESSAGES_MAX: usize = 100_000;
+
+/// The containerd Talos keeps its own images in (`talosctl upgrade --namespace system`).
+fn system_containerd() -> proto::common::ContainerdInstance {
+    proto::common::ContainerdInstance {
+        driver: proto::common::ContainerDriver::Containerd as i32,
+        namespace: proto::common::ContainerdNamespace::NsSystem as i32,
+    }
+}
 
 /// An established connection: the channel and the node's certificate fingerprint.
 struct Connection {
@@ -624,6 +647,206 @@ impl TalosApi for TalosApiClient {
                     }
                 }
             }
+        })
+        .await
+    }
+
+    async fn boot_id(&self, node: &TalosNode) -> Result<String, TalosApiError> {
+        let t = self.settings.call_timeout;
+        self.run(node, READ, Retry::Idempotent, t, |c| async move {
+            let mut stream = MachineServiceClient::new(c.channel)
+                .read(proto::machine::ReadRequest {
+                    path: BOOT_ID_PATH.into(),
+                })
+                .await
+                .map_err(|s| from_status(node, READ, &s))?
+                .into_inner();
+            let mut bytes = Vec::new();
+            while let Some(d) = stream
+                .message()
+                .await
+                .map_err(|s| from_status(node, READ, &s))?
+            {
+                metadata_error(node, READ, d.metadata.as_ref())?;
+                bytes.extend_from_slice(&d.bytes);
+                if bytes.len() > BOOT_ID_MAX {
+                    return Err(error(
+                        node,
+                        READ,
+                        TalosApiFailure::Malformed,
+                        format!("{BOOT_ID_PATH} is longer than {BOOT_ID_MAX} bytes"),
+                    ));
+                }
+            }
+            let id = String::from_utf8_lossy(&bytes).trim().to_string();
+            if id.is_empty() || !id.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+                return Err(error(
+                    node,
+                    READ,
+                    TalosApiFailure::Malformed,
+                    format!("{BOOT_ID_PATH} does not hold a boot id"),
+                ));
+            }
+            Ok(id)
+        })
+        .await
+    }
+
+    async fn upgrade_legacy(&self, node: &TalosNode, image: &str) -> Result<String, TalosApiError> {
+        // The node pulls and checks the image before it answers.
+        let t = self.settings.call_timeout * 15;
+        self.run(node, UPGRADE, Retry::ConnectOnly, t, |c| async move {
+            #[allow(deprecated)]
+            let reply = MachineServiceClient::new(c.channel)
+                .upgrade(proto::machine::UpgradeRequest {
+                    image: image.to_string(),
+                    preserve: false,
+                    stage: false,
+                    force: false,
+                    reboot_mode: proto::machine::upgrade_request::RebootMode::Default as i32,
+                })
+                .await
+                .map_err(|s| from_status(node, UPGRADE, &s))?
+                .into_inner();
+            let m = only(node, UPGRADE, reply.messages, |m| m.metadata.as_ref())?;
+            Ok(m.ack)
+        })
+        .await
+    }
+
+    async fn pull_image(
+        &self,
+        node: &TalosNode,
+        image: &str,
+        wait: Duration,
+    ) -> Result<String, TalosApiError> {
+        self.run(node, IMAGE_PULL, Retry::Idempotent, wait, |c| async move {
+            let mut stream = ImageServiceClient::new(c.channel)
+                .pull(proto::machine::ImageServicePullRequest {
+                    containerd: Some(system_containerd()),
+                    image_ref: image.to_string(),
+                })
+                .await
+                .map_err(|s| from_status(node, IMAGE_PULL, &s))?
+                .into_inner();
+            let mut name = None;
+            let mut seen = 0usize;
+            while let Some(m) = stream
+                .message()
+                .await
+                .map_err(|s| from_status(node, IMAGE_PULL, &s))?
+            {
+                seen += 1;
+                if seen > STREAM_MESSAGES_MAX {
+                    return Err(error(
+                        node,
+                        IMAGE_PULL,
+                        TalosApiFailure::Malformed,
+                        format!("more than {STREAM_MESSAGES_MAX} progress messages"),
+                    ));
+                }
+                if let Some(proto::machine::image_service_pull_response::Response::Name(n)) =
+                    m.response
+                {
+                    name = Some(n);
+                }
+            }
+            name.filter(|n| !n.is_empty()).ok_or_else(|| {
+                error(
+                    node,
+                    IMAGE_PULL,
+                    TalosApiFailure::Malformed,
+                    "the pull ended without naming the pulled image",
+                )
+            })
+        })
+        .await
+    }
+
+    async fn lifecycle_upgrade(
+        &self,
+        node: &TalosNode,
+        image: &str,
+        wait: Duration,
+    ) -> Result<InstallOutcome, TalosApiError> {
+        use proto::machine::lifecycle_service_install_progress::Response as Progress;
+        self.run(
+            node,
+            LIFECYCLE_UPGRADE,
+            Retry::ConnectOnly,
+            wait,
+            |c| async move {
+                let mut stream = LifecycleServiceClient::new(c.channel)
+                    .upgrade(proto::machine::LifecycleServiceUpgradeRequest {
+                        containerd: Some(system_containerd()),
+                        source: Some(proto::machine::InstallArtifactsSource {
+                            image_name: image.to_string(),
+                        }),
+                    })
+                    .await
+                    .map_err(|s| from_status(node, LIFECYCLE_UPGRADE, &s))?
+                    .into_inner();
+                let mut lines: std::collections::VecDeque<String> =
+                    std::collections::VecDeque::new();
+                let mut seen = 0usize;
+                let mut exit = None;
+                while let Some(m) = stream
+                    .message()
+                    .await
+                    .map_err(|s| from_status(node, LIFECYCLE_UPGRADE, &s))?
+                {
+                    seen += 1;
+                    if seen > STREAM_MESSAGES_MAX {
+                        return Err(error(
+                            node,
+                            LIFECYCLE_UPGRADE,
+                            TalosApiFailure::Malformed,
+                            format!("more than {STREAM_MESSAGES_MAX} progress messages"),
+                        ));
+                    }
+                    match m.progress.and_then(|p| p.response) {
+                        Some(Progress::Message(text)) => {
+                            if lines.len() == INSTALL_LINES {
+                                lines.pop_front();
+                            }
+                            // One line of the installer's output: bounded.
+                            lines.push_back(text.chars().take(500).collect());
+                        }
+                        Some(Progress::ExitCode(code)) => exit = Some(code),
+                        None => {}
+                    }
+                }
+                let exit_code = exit.ok_or_else(|| {
+                    error(
+                        node,
+                        LIFECYCLE_UPGRADE,
+                        TalosApiFailure::Malformed,
+                        "the upgrade stream ended without the installer's exit code",
+                    )
+                })?;
+                Ok(InstallOutcome {
+                    exit_code,
+                    messages: lines.into_iter().collect(),
+                })
+            },
+        )
+        .await
+    }
+
+    async fn reboot(&self, node: &TalosNode) -> Result<(), TalosApiError> {
+        let t = self.settings.call_timeout;
+        self.run(node, REBOOT, Retry::ConnectOnly, t, |c| async move {
+            let reply = MachineServiceClient::new(c.channel)
+                .reboot(proto::machine::RebootRequest {
+                    mode: proto::machine::reboot_request::Mode::Default as i32,
+                })
+                .await
+                .map_err(|s| from_status(node, REBOOT, &s))?
+                .into_inner();
+            if let Some(m) = reply.messages.first() {
+                metadata_error(node, REBOOT, m.metadata.as_ref())?;
+            }
+            Ok(())
         })
         .await
     }

@@ -74,10 +74,26 @@ pub struct Files {
     shared: Mutex<Held>,
 }
 
-/// The small files held in memory, by resolved path.
-type Held = HashMap<PathBuf, (Version, Arc<[u8]>)>;
+/// The small files held in memory, by resolved path: the version read, the bytes, and when the
+/// version on disk was last compared.
+type Held = HashMap<PathBuf, (Version, Arc<[u8]>, std::time::Instant)>;
+
+/// How long a held file is served without comparing its version on disk again (a file replaced
+/// is served within this time; the comparison is a blocking `stat`, a hop to another thread the
+/// first block of every transfer would wait for).
+const CHECKED_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Files {
+    /// `real`'s held copy if its version was compared less than [`CHECKED_FOR`] ago (no
+    /// file-system call: safe on the runtime's own threads).
+    pub fn recent(&self, real: &Path) -> Option<Source> {
+        let shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared
+            .get(real)
+            .filter(|(_, _, at)| at.elapsed() < CHECKED_FOR)
+            .map(|(_, b, _)| Source::Shared(b.clone()))
+    }
+
     /// Open `real` (a path the provisioning service resolved; blocking file-system calls: run on
     /// the blocking pool).
     pub fn open(&self, real: &Path) -> Result<Source, ErrorCode> {
@@ -87,14 +103,12 @@ impl Files {
         if v.len > SHARED_MAX {
             return Ok(Source::File(Arc::new(file), v.len));
         }
-        let held = |shared: &Held| {
-            shared
-                .get(real)
-                .filter(|(held, _)| *held == v)
-                .map(|(_, b)| b.clone())
-        };
-        if let Some(b) = held(&self.shared.lock().unwrap_or_else(|e| e.into_inner())) {
-            return Ok(Source::Shared(b));
+        {
+            let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, b, at)) = shared.get_mut(real).filter(|(held, _, _)| *held == v) {
+                *at = std::time::Instant::now();
+                return Ok(Source::Shared(b.clone()));
+            }
         }
         let mut buf = Vec::with_capacity(usize::try_from(v.len).unwrap_or(0));
         std::io::Read::read_to_end(&mut file, &mut buf).map_err(|e| {
@@ -105,11 +119,14 @@ impl Files {
         // Held only when it did not change while it was read.
         if bytes.len() as u64 == v.len && file.metadata().is_ok_and(|m| Version::of(&m) == v) {
             let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-            let total: u64 = shared.values().map(|(v, _)| v.len).sum();
+            let total: u64 = shared.values().map(|(v, _, _)| v.len).sum();
             if total + v.len > SHARED_TOTAL {
                 shared.clear();
             }
-            shared.insert(real.to_path_buf(), (v, bytes.clone()));
+            shared.insert(
+                real.to_path_buf(),
+                (v, bytes.clone(), std::time::Instant::now()),
+            );
         }
         Ok(Source::Shared(bytes))
     }
@@ -245,10 +262,15 @@ impl Front {
                 return self.refuse(client, code).await;
             }
         };
-        let front = self.clone();
-        let opened = tokio::task::spawn_blocking(move || front.files.open(&real))
-            .await
-            .unwrap_or(Err(ErrorCode::NotDefined));
+        let opened = match self.files.recent(&real) {
+            Some(held) => Ok(held),
+            None => {
+                let front = self.clone();
+                tokio::task::spawn_blocking(move || front.files.open(&real))
+                    .await
+                    .unwrap_or(Err(ErrorCode::NotDefined))
+            }
+        };
         let source = match opened {
             Ok(s) => s,
             Err(code) => {
@@ -401,6 +423,8 @@ mod tests {
         let first = bytes(files.open(&a).expect("open"));
         let again = bytes(files.open(&a).expect("open"));
         assert!(Arc::ptr_eq(&first, &again), "read once");
+        let recent = files.recent(&a).map(bytes).expect("compared just now");
+        assert!(Arc::ptr_eq(&first, &recent), "served without a stat");
         // Replaced (a new inode), as an upgrade of the iPXE binaries would.
         std::fs::write(dir.path().join("a.new"), b"two!").expect("file");
         std::fs::rename(dir.path().join("a.new"), dir.path().join("a")).expect("rename");

@@ -184,9 +184,71 @@ async fn perfdhcp_thousands_of_clients_complete_dora() {
         .copied()
         .unwrap_or(0.0);
     assert!(acks >= CLIENTS as f64, "metrics count the ACKs: {m:?}");
+    let latency = describe_latency(&m);
     assert!(lan.alive(p.idx), "plinth still runs");
-    eprintln!("perfdhcp: {CLIENTS} clients, DORA complete in {took:?}");
+    eprintln!("perfdhcp: {CLIENTS} clients, DORA complete in {took:?}; {latency}");
     db.drop_db().await;
+}
+
+/// The DHCP path's instrumentation after a perfdhcp run, checked against what perfdhcp did: every
+/// answer sent has its latency recorded (decided, sent), every ACK's commit too; the group commit
+/// carried at least every ACK's lease in the transactions it counts (each one fsync on SQLite);
+/// nothing is left in flight. Returns a one-line summary (means) for the test's output.
+fn describe_latency(m: &std::collections::HashMap<String, f64>) -> String {
+    let get = |k: &str| m.get(k).copied().unwrap_or(0.0);
+    let stage = |s: &str, what: &str| {
+        get(&format!(
+            "plinth_dhcp_latency_seconds_{what}{{stage=\"{s}\"}}"
+        ))
+    };
+    let acks = sample(m, "plinth_dhcp_replies_total", "kind", "ack");
+    let answers = acks + sample(m, "plinth_dhcp_replies_total", "kind", "offer");
+    assert!(
+        stage("sent", "count") >= answers,
+        "every answer sent is timed: {m:?}"
+    );
+    assert!(
+        stage("decided", "count") >= answers,
+        "every decision is timed: {m:?}"
+    );
+    assert!(
+        stage("committed", "count") >= acks,
+        "every ACK's commit is timed: {m:?}"
+    );
+    assert!(
+        stage("decided", "sum") <= stage("sent", "sum"),
+        "a request is decided before it is answered: {m:?}"
+    );
+    let writes = get("plinth_store_commit_writes_sum");
+    let commits = get("plinth_store_commits_total");
+    assert!(
+        writes >= acks,
+        "the group commit wrote every ACK's lease: {m:?}"
+    );
+    assert!(
+        commits >= 1.0 && commits <= get("plinth_store_commit_writes_count"),
+        "{m:?}"
+    );
+    assert_eq!(
+        sample(m, "plinth_dhcp_in_flight", "class", "unknown"),
+        0.0,
+        "{m:?}"
+    );
+    assert_eq!(
+        sample(m, "plinth_dhcp_in_flight", "class", "known"),
+        0.0,
+        "{m:?}"
+    );
+    let mean = |s: &str| 1000.0 * stage(s, "sum") / stage(s, "count").max(1.0);
+    format!(
+        "mean ms from arrival: decided {:.2}, committed {:.2}, sent {:.2}; {} transactions for {} writes ({:.1} per fsync)",
+        mean("decided"),
+        mean("committed"),
+        mean("sent"),
+        commits,
+        writes,
+        writes / commits.max(1.0)
+    )
 }
 
 /// A subnet that is not on Plinth's link, reached through a relay: perfdhcp in the relay
@@ -750,8 +812,16 @@ async fn two_instances_on_one_postgres_never_share_an_address() {
         HashSet::from(["00:0a", "00:0b"]),
         "both clients' MACs hold leases"
     );
-    for m in [&ma, &mb] {
+    for (name, m) in [("a", &ma), ("b", &mb)] {
         assert!(sample(m, "plinth_dhcp_replies_total", "kind", "ack") >= PER_CLIENT as f64);
+        // On a shared database every offer is committed too.
+        let offers = sample(m, "plinth_dhcp_replies_total", "kind", "offer");
+        let committed = m
+            .get("plinth_dhcp_latency_seconds_count{stage=\"committed\"}")
+            .copied()
+            .unwrap_or(0.0);
+        assert!(committed >= offers + PER_CLIENT as f64, "{m:?}");
+        eprintln!("instance {name}: {}", describe_latency(m));
     }
     lan.stop_all();
     fwd_task.abort();

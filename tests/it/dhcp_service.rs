@@ -33,6 +33,7 @@ fn subnet(net: &str, server: &str, pool: &str, mode: SubnetMode) -> Subnet {
         relay_agents: vec![RELAY.parse().expect("ip")],
         unknown_permille: 500,
         leases_per_circuit: 4,
+        router_advert: None,
     }
 }
 

@@ -245,6 +245,27 @@ fn doctor_names_what_an_operator_gets_wrong() {
         "{out}"
     );
     assert!(!out.contains("BMC of"), "--no-bmc: {out}");
+
+    // Another key than the one the database's secrets are sealed with: refused, restore it.
+    let key = data.join("secret.key");
+    let original = std::fs::read(&key).expect("key");
+    std::fs::remove_file(&key).expect("rm key");
+    crate::support::write_key(&key);
+    let (code, checks, _) = doctor(dir, &config);
+    assert_ne!(code, 0);
+    let k = check(&checks, "secret key");
+    assert_eq!(k["status"], "fail", "{k}");
+    assert!(
+        k["detail"].as_str().is_some_and(|d| d.contains("fingerprint"))
+            && k["fix"].as_str().is_some_and(|f| f.contains("backup")),
+        "{k}"
+    );
+    // No key at all over sealed secrets: a failure too, never a new key.
+    std::fs::remove_file(&key).expect("rm key");
+    let (_, checks, _) = doctor(dir, &config);
+    assert_eq!(status_of(&checks, "secret key"), "fail", "{checks:#?}");
+    assert!(!key.exists(), "doctor created a key");
+    std::fs::write(&key, original).expect("restore key");
     drop(held);
 }
 

@@ -3,7 +3,8 @@
 //! search column's backfill by migration 0021),
 //! events (order, filters), API tokens, DHCP leases (claims, the conditional upsert, expiry, the
 //! group commit, SQLite's writer turns), BMC capability records, config objects, served configs
-//! and provisioning windows, reinstalls, and the health ping. Each case opens a fresh database.
+//! and provisioning windows, reinstalls, upgrade rollouts, and the health ping. Each case opens a
+//! fresh database.
 
 use crate::support;
 
@@ -1229,6 +1230,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             talos_version: version.into(),
             kubernetes_version: None,
             schematic_id: "376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba".into(),
+            schematic_kernel_args: vec!["net.ifnames=0".into()],
             factory_host: "factory.talos.dev".into(),
             install_image: None,
             patches: vec![PatchSource {
@@ -1240,6 +1242,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             reinstall: Some(Default::default()),
             bootstrap: Some(plinth::service::ports::configs::BootstrapMode::Manual),
             delivery: None,
+            upgrade: None,
         },
         sealed_bundle: Some(vec![1, 2, 3]),
         sealed_base: None,
@@ -2127,8 +2130,345 @@ both_backends!(
     configs_windows,
     reinstalls_compare_and_set,
     talos_state_claims_once,
+    upgrades_one_rollout_one_driver,
     health_ping,
 );
+
+/// Rollouts: one active per cluster (a second start finds the first, writing nothing); the lease
+/// goes to one instance and to another only after it ran out; a node moves only from the step it
+/// was read at, only for the lease holder, and leaves `pending` only while the rollout runs; an
+/// abort marks the nodes in flight; a done rollout rewrites the cluster's stored versions (the
+/// rest of its spec untouched) in the same transaction.
+async fn upgrades_one_rollout_one_driver(b: Backend) {
+    use plinth::service::ports::upgrades::{
+        ClusterVersionUpdate, NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState,
+        UpgradeMethod,
+    };
+    let db = TestDb::new(b).await;
+    let st = db.stores().await;
+    st.configs
+        .put_config_objects(
+            &ConfigWrite {
+                clusters: vec![cluster("prod", "v1.12.11")],
+                ..Default::default()
+            },
+            &[],
+        )
+        .await
+        .expect("cluster");
+    let m1 = create(&st, 51).await;
+    let m2 = create(&st, 52).await;
+    let t = now();
+    let rollout = |state: RolloutState| Rollout {
+        id: uuid::Uuid::new_v4(),
+        cluster: "prod".into(),
+        to_version: "v1.13.9".into(),
+        schematic_id: None,
+        installer: "r.lab/installer:v1.13.9".into(),
+        state,
+        requested_by: "token:a".into(),
+        owner: None,
+        lease_until: None,
+        node_timeout_seconds: 600,
+        max_workers_per_rack: 1,
+        snapshot: Some(serde_json::json!({"id": "s1"})),
+        created_at: t,
+        updated_at: t,
+        finished_at: None,
+        error: None,
+    };
+    let node = |m: &Machine, position: u32| RolloutNode {
+        machine_id: m.id,
+        position,
+        batch: position,
+        name: m.display_name(),
+        role: Role::ControlPlane,
+        rack: Some("r1".into()),
+        address: format!("10.0.0.{}", 10 + position),
+        from_version: "v1.12.11".into(),
+        method: UpgradeMethod::Machine,
+        installer: "r.lab/installer:v1.13.9".into(),
+        step: NodeStep::Pending,
+        boot_id: None,
+        started_at: None,
+        deadline: None,
+        finished_at: None,
+        seen: None,
+    };
+    let first = rollout(RolloutState::Running);
+    let nodes = [node(&m1, 0), node(&m2, 1)];
+    assert_eq!(
+        st.upgrades
+            .create_rollout(&first, &nodes, &event(None, "upgrade.started"))
+            .await
+            .expect("create"),
+        None
+    );
+    let second = rollout(RolloutState::Running);
+    let found = st
+        .upgrades
+        .create_rollout(&second, &nodes, &event(None, "upgrade.started"))
+        .await
+        .expect("second")
+        .expect("the first is active");
+    assert_eq!(found.id, first.id);
+    let (r, n) = st
+        .upgrades
+        .latest_rollout("prod")
+        .await
+        .expect("latest")
+        .expect("one");
+    assert_eq!(
+        (r.id, r.snapshot.clone(), n.len()),
+        (first.id, first.snapshot.clone(), 2)
+    );
+    assert!(st
+        .upgrades
+        .rollout(second.id)
+        .await
+        .expect("read")
+        .is_none());
+    assert_eq!(
+        st.upgrades.active_rollouts().await.expect("active").len(),
+        1
+    );
+
+    // The lease: a, not b while it holds; b once it ran out; a's writes then fail.
+    let lease = Duration::seconds(30);
+    assert!(st
+        .upgrades
+        .claim_rollout(first.id, "a", t, t + lease)
+        .await
+        .expect("a"));
+    assert!(!st
+        .upgrades
+        .claim_rollout(first.id, "b", t, t + lease)
+        .await
+        .expect("b"));
+    assert!(st
+        .upgrades
+        .renew_rollout(first.id, "a", t + lease)
+        .await
+        .expect("renew"));
+    let mut started = nodes[0].clone();
+    started.step = NodeStep::Upgrading;
+    started.boot_id = Some("boot-1".into());
+    started.started_at = Some(t);
+    started.deadline = Some(t + lease);
+    assert!(!st
+        .upgrades
+        .advance_node(first.id, "b", &started, NodeStep::Pending, None)
+        .await
+        .expect("not b"));
+    assert!(st
+        .upgrades
+        .advance_node(
+            first.id,
+            "a",
+            &started,
+            NodeStep::Pending,
+            Some(&event(Some(m1.id), "upgrade.node_started"))
+        )
+        .await
+        .expect("a starts"));
+    assert!(!st
+        .upgrades
+        .advance_node(first.id, "a", &started, NodeStep::Pending, None)
+        .await
+        .expect("never twice from pending"));
+    let later = t + lease + Duration::seconds(1);
+    assert!(st
+        .upgrades
+        .claim_rollout(first.id, "b", later, later + lease)
+        .await
+        .expect("b after"));
+    let mut rebooting = started.clone();
+    rebooting.step = NodeStep::Rebooting;
+    assert!(!st
+        .upgrades
+        .advance_node(first.id, "a", &rebooting, NodeStep::Upgrading, None)
+        .await
+        .expect("a lost it"));
+    assert!(!st
+        .upgrades
+        .renew_rollout(first.id, "a", later + lease)
+        .await
+        .expect("a lost it"));
+    assert!(st
+        .upgrades
+        .advance_node(first.id, "b", &rebooting, NodeStep::Upgrading, None)
+        .await
+        .expect("b moves it"));
+
+    // Paused: the node in flight moves on, no node leaves pending; resumed: it may.
+    let paused = st
+        .upgrades
+        .set_rollout_state(
+            first.id,
+            &[RolloutState::Running],
+            RolloutState::Paused,
+            None,
+            later,
+            &event(None, "upgrade.paused"),
+        )
+        .await
+        .expect("pause")
+        .expect("was running");
+    assert_eq!(paused.state, RolloutState::Paused);
+    assert!(st
+        .upgrades
+        .set_rollout_state(
+            first.id,
+            &[RolloutState::Running],
+            RolloutState::Paused,
+            None,
+            later,
+            &event(None, "upgrade.paused")
+        )
+        .await
+        .expect("pause again")
+        .is_none());
+    let mut verifying = rebooting.clone();
+    verifying.step = NodeStep::Verifying;
+    assert!(st
+        .upgrades
+        .advance_node(first.id, "b", &verifying, NodeStep::Rebooting, None)
+        .await
+        .expect("in flight"));
+    let mut next = nodes[1].clone();
+    next.step = NodeStep::Upgrading;
+    assert!(!st
+        .upgrades
+        .advance_node(first.id, "b", &next, NodeStep::Pending, None)
+        .await
+        .expect("not while paused"));
+    assert!(!st
+        .upgrades
+        .claim_rollout(first.id, "c", later, later + lease)
+        .await
+        .expect("paused"));
+    st.upgrades
+        .set_rollout_state(
+            first.id,
+            &[RolloutState::Paused],
+            RolloutState::Running,
+            None,
+            later,
+            &event(None, "upgrade.resumed"),
+        )
+        .await
+        .expect("resume")
+        .expect("was paused");
+
+    // Abort: the node in flight is marked with the step it was at; the cluster may start anew.
+    let aborted = st
+        .upgrades
+        .set_rollout_state(
+            first.id,
+            &[RolloutState::Running, RolloutState::Paused],
+            RolloutState::Aborted,
+            Some("aborted by token:a"),
+            later,
+            &event(None, "upgrade.aborted"),
+        )
+        .await
+        .expect("abort")
+        .expect("was running");
+    assert_eq!(
+        (aborted.state, aborted.error.as_deref()),
+        (RolloutState::Aborted, Some("aborted by token:a"))
+    );
+    let (_, n) = st
+        .upgrades
+        .rollout(first.id)
+        .await
+        .expect("read")
+        .expect("there");
+    assert_eq!(n[0].step, NodeStep::Aborted);
+    assert!(
+        n[0].seen
+            .as_deref()
+            .unwrap_or("")
+            .contains("aborted at step verifying"),
+        "{:?}",
+        n[0].seen
+    );
+    assert_eq!(n[1].step, NodeStep::Pending);
+    assert!(!st
+        .upgrades
+        .end_rollout(
+            first.id,
+            "b",
+            &RolloutEnd {
+                state: RolloutState::Done,
+                error: None,
+                at: later,
+                update: None,
+            },
+            &event(None, "upgrade.done")
+        )
+        .await
+        .expect("ended"));
+
+    // A done rollout moves the cluster's stored versions, and only those.
+    let third = rollout(RolloutState::Running);
+    assert_eq!(
+        st.upgrades
+            .create_rollout(&third, &nodes, &event(None, "upgrade.started"))
+            .await
+            .expect("after the abort"),
+        None
+    );
+    assert!(st
+        .upgrades
+        .claim_rollout(third.id, "a", later, later + lease)
+        .await
+        .expect("claim"));
+    let update = ClusterVersionUpdate {
+        cluster: "prod".into(),
+        talos_version: "v1.13.9".into(),
+        schematic_id: Some("0".repeat(64)),
+        install_image: Some("r.lab/installer:v1.13.9".into()),
+    };
+    assert!(st
+        .upgrades
+        .end_rollout(
+            third.id,
+            "a",
+            &RolloutEnd {
+                state: RolloutState::Done,
+                error: None,
+                at: later,
+                update: Some(update),
+            },
+            &event(None, "upgrade.done")
+        )
+        .await
+        .expect("done"));
+    let stored = st.configs.clusters().await.expect("clusters");
+    let mut want = cluster("prod", "v1.12.11").spec;
+    want.talos_version = "v1.13.9".into();
+    want.schematic_id = "0".repeat(64);
+    want.install_image = Some("r.lab/installer:v1.13.9".into());
+    assert_eq!(stored[0].spec, want);
+    let (r, _) = st
+        .upgrades
+        .latest_rollout("prod")
+        .await
+        .expect("latest")
+        .expect("one");
+    assert_eq!(
+        (r.id, r.state, r.owner),
+        (third.id, RolloutState::Done, None)
+    );
+    assert!(st
+        .upgrades
+        .active_rollouts()
+        .await
+        .expect("active")
+        .is_empty());
+    db.drop_db().await;
+}
 
 /// On SQLite every write shares one connection; an ACK waits for its lease's commit. A lease
 /// commit queued behind a crowd of other writers (API writes, imports, state changes) goes ahead

@@ -320,6 +320,105 @@ async fn dhcp_is_silent_on_a_store_fault_and_counts_the_drop() {
     s.finish().await;
 }
 
+/// A sample of `/metrics` by its full name with labels (0 when absent).
+async fn metric(s: &TestServer, name: &str) -> f64 {
+    let (_, text) = ask(s, Method::GET, "/metrics", None).await;
+    let prefix = format!("{name} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// DHCP over a lease store that stops answering (a stalled database): the server is not stuck.
+/// Each request waits for its decision at most the firmware's retransmission time, then is
+/// dropped and counted as `decision_timeout`; the in-flight gauge goes back to zero; `/metrics`
+/// keeps answering; healed, DISCOVERs are answered again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dhcp_over_a_stalled_store_times_out_counts_and_recovers() {
+    let port = std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|s| s.local_addr())
+        .expect("free port")
+        .port();
+    let net = uuid::Uuid::new_v4().as_bytes()[..2].to_vec();
+    let (a, b) = (100 + net[0] % 150, net[1]);
+    let relay = Ipv4Addr::new(127, a, b, 1);
+    let toml = format!(
+        "\n[dhcp]\nenabled = true\nport = {port}\nproxy_port = 0\nboot_url = \"http://127.0.0.1:8080\"\n\
+         [[dhcp.subnet]]\ncidr = \"127.{a}.{b}.0/24\"\nmode = \"authoritative\"\nserver_ip = \"192.0.2.1\"\n\
+         pool = [\"127.{a}.{b}.100-127.{a}.{b}.150\"]\nlease_seconds = 600\nrelay_agents = [\"127.{a}.{b}.1\"]\n"
+    );
+    let mut handle = None;
+    let s = TestServer::start_over(Backend::Sqlite, &toml, |real| {
+        let broken = BrokenStore::over(real);
+        handle = Some(broken.clone());
+        plinth::service::Stores::of(broken)
+    })
+    .await;
+    let broken: Arc<BrokenStore> = handle.expect("store");
+    let agent = tokio::net::UdpSocket::bind(SocketAddr::from((relay, 67)))
+        .await
+        .expect("bind the relay's port 67 (needs root, like the other DHCP tests)");
+    let server = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+
+    broken.stall_leases();
+    for i in 0..3u8 {
+        agent
+            .send_to(
+                &discover(relay, [0x52, 0x54, 0, 0xf2, 0, i], 0x5200 + u32::from(i)),
+                server,
+            )
+            .await
+            .expect("send");
+    }
+    let mut waited = 0;
+    while dropped(&s, "decision_timeout").await < 3 {
+        waited += 1;
+        assert!(waited < 600, "the stalled decisions were never given up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(dropped(&s, "decision_timeout").await, 3);
+    assert_eq!(
+        metric(&s, "plinth_dhcp_in_flight{class=\"unknown\"}").await,
+        0.0,
+        "the stalled requests' in-flight places are free again"
+    );
+    let mut buf = [0u8; 1500];
+    match agent.try_recv(&mut buf) {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        other => panic!("an answer to a DISCOVER the store never decided: {other:?}"),
+    }
+
+    broken.heal();
+    agent
+        .send_to(
+            &discover(relay, [0x52, 0x54, 0, 0xf2, 0, 9], 0x5209),
+            server,
+        )
+        .await
+        .expect("send");
+    let mut buf = vec![0u8; 1500];
+    let answer = loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), agent.recv(&mut buf))
+            .await
+            .expect("an answer once healed")
+            .expect("recv");
+        let m = v4::Message::decode(&mut Decoder::new(&buf[..n])).expect("decode");
+        if m.xid() == 0x5209 {
+            break m;
+        }
+    };
+    assert_eq!(
+        answer.opts().get(v4::OptionCode::MessageType),
+        Some(&DhcpOption::MessageType(MessageType::Offer))
+    );
+    assert!(
+        metric(&s, "plinth_dhcp_latency_seconds_count{stage=\"sent\"}").await >= 1.0,
+        "the answer's latency is recorded"
+    );
+    s.finish().await;
+}
+
 /// TFTP asks the provisioning service which file a read request gets and whose machine it is for;
 /// while the store cannot tell, the answer is a TFTP error packet with code 0 ("not defined": try
 /// again), never code 1 ("file not found"); healed, the file is served.

@@ -1074,3 +1074,120 @@ disks:
     assert_eq!(r["cluster"]["ca"]["crt"], b["cluster"]["ca"]["crt"]);
     assert_eq!(r["machine"]["install"]["diskSelector"]["serial"], "S1");
 }
+
+/// The install script's kernel line is Image Factory's PXE line for the release, architecture and
+/// the cluster's schematic, then the inventory's kernel arguments, then `talos.config=`. The
+/// expected line is written out from Talos' source for v1.13.9 on amd64 (`pkg/imager/imager.go`
+/// `buildCmdline`, `pkg/machinery/kernel/kernel.go` `DefaultArgs` and quirks, the metal
+/// platform's console): a schematic `console=` replaces the platform's where it stands, `-pti`
+/// removes Talos' `pti=on`, other arguments follow the defaults.
+#[tokio::test]
+async fn the_install_kernel_line_is_image_factorys_then_the_inventorys() {
+    let srv = TestServer::start_with(Backend::Sqlite, "").await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let secrets = tmp.path().join("lab-secrets.yaml");
+    std::fs::write(
+        &secrets,
+        plinth::talos::secrets::SecretsBundle::generate()
+            .expect("bundle")
+            .to_yaml()
+            .expect("yaml"),
+    )
+    .expect("write");
+    let inv = tmp.path().join("inv");
+    std::fs::create_dir_all(&inv).expect("mkdir");
+    std::fs::write(
+        inv.join("all.yaml"),
+        format!(
+            r#"kind: Cluster
+name: lab
+endpoint: https://10.88.0.10:6443
+talosVersion: v1.13.9
+secrets: {secrets}
+schematic:
+  customization:
+    extraKernelArgs: ['console=ttyS0,115200', '-pti', plinth.schematic=1]
+kernelArgs: [net.ifnames=0]
+---
+kind: Profile
+name: vm
+installDisk:
+  type: ssd
+kernelArgs: [intel_iommu=on]
+---
+kind: Machine
+hostname: node-1
+smbios_uuid: {UUID}
+role: worker
+cluster: lab
+profile: vm
+interfaces:
+  - mac: "{MAC}"
+    boot: true
+disks:
+  - serial: QM00001
+    type: ssd
+    size_bytes: 21474836480
+"#,
+            secrets = secrets.display()
+        ),
+    )
+    .expect("inventory");
+    apply_dir(&srv, "", &inv).await;
+    let m: Value = srv
+        .req(Method::GET, "/api/v1/machines/node-1", &srv.viewer)
+        .answer()
+        .await
+        .json();
+    let id = m["id"].as_str().expect("id").to_string();
+    for (path, body) in [
+        ("state", json!({"state": "ready"})),
+        ("provision", json!({"ttl_seconds": 600})),
+    ] {
+        srv.req(
+            Method::POST,
+            &format!("/api/v1/machines/{id}/{path}"),
+            &srv.operator,
+        )
+        .json(&body)
+        .answer()
+        .await
+        .expect_status(StatusCode::OK);
+    }
+    let st: Value = srv
+        .req(
+            Method::GET,
+            &format!("/api/v1/machines/{id}/config"),
+            &srv.viewer,
+        )
+        .answer()
+        .await
+        .json();
+    let schematic = st["schematic_id"].as_str().expect("schematic").to_string();
+    let cache = plinth::images::ImageCache::new(srv.data_dir.join("images"));
+    let k = tmp.path().join("k");
+    std::fs::write(&k, b"kernel").expect("k");
+    for name in ["kernel-amd64", "initramfs-amd64.xz"] {
+        cache
+            .import(&schematic, "v1.13.9", name, &k)
+            .expect("import");
+    }
+    let script = boot_script(&srv).await;
+    let line = script
+        .lines()
+        .find(|l| l.starts_with("kernel "))
+        .unwrap_or_else(|| panic!("no kernel line: {script}"));
+    let args = line
+        .split_once(" initrd=initramfs-amd64.xz ")
+        .map(|(_, rest)| rest)
+        .and_then(|rest| rest.split_once(" talos.config="))
+        .map(|(args, _)| args)
+        .unwrap_or_else(|| panic!("kernel line: {line}"));
+    assert_eq!(
+        args,
+        "talos.platform=metal console=ttyS0,115200 init_on_alloc=1 slab_nomerge consoleblank=0 \
+         nvme_core.io_timeout=4294967295 printk.devkmsg=on selinux=1 module.sig_enforce=1 \
+         proc_mem.force_override=never plinth.schematic=1 net.ifnames=0 intel_iommu=on"
+    );
+    assert!(line.ends_with(" || goto failed"), "{line}");
+}

@@ -10,7 +10,10 @@
 //!   Plinth's image cache (Debian's kernel and a busybox initramfs standing in for Talos, see
 //!   `support::vm_image`) whose init fetches `talos.config=` as Talos does and reports the body to
 //!   a listener of the test. It passes only when that body is byte for byte what `plinth config
-//!   render` prints and what the `config.served` event records, served to the VM's leased address.
+//!   render` prints and what the `config.served` event records, served to the VM's leased address,
+//!   and when the kernel line the VM's kernel got (its `/proc/cmdline`, printed by the init to the
+//!   serial console) is Image Factory's PXE line for Talos 1.11.6 and the cluster's schematic
+//!   (Talos' defaults, then the schematic's `extraKernelArgs`), then the inventory's `kernelArgs`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -21,13 +24,27 @@ use sha2::{Digest, Sha256};
 
 use crate::support::vm_image;
 use crate::support::vm_lab::{
-    config, import_image, open_store, plinth, plinth_ok, qemu_command, read_report, serve,
+    config, import_image_as, open_store, plinth, plinth_ok, qemu_command, read_report, serve,
     start_report_listener, tail, workdir, write_inventory, InventoryExtras, Lab, VmSpec,
     REPORT_PORT, TALOS,
 };
 
 /// The image door's port in the lab (the install VM that fetches its image through it).
 const IMAGE_DOOR_PORT: u16 = 8081;
+
+/// The install VMs' cluster schematic: two extra kernel arguments, one of which removes a Talos
+/// default (`-consoleblank`, as Image Factory's imager treats a negated argument).
+const SCHEMATIC: &str =
+    "customization:\n  extraKernelArgs:\n    - plinth.schematic=yes\n    - -consoleblank\n";
+
+/// The kernel line an install VM must get, up to `talos.config=`: `initrd=` (iPXE), then Image
+/// Factory's PXE line for Talos v1.11.6 on amd64 and [`SCHEMATIC`] (`talos.platform=metal`, the
+/// metal console, Talos 1.11's `DefaultArgs` without `consoleblank=0`, the schematic's argument),
+/// then the cluster's `kernelArgs`. Written out from Talos' source (`pkg/imager/imager.go`,
+/// `pkg/machinery/kernel/kernel.go`, the metal platform), not computed by Plinth's code.
+const EXPECTED_CMDLINE: &str = "initrd=initramfs-amd64.xz talos.platform=metal console=tty0 \
+     init_on_alloc=1 slab_nomerge pti=on nvme_core.io_timeout=4294967295 printk.devkmsg=on \
+     selinux=1 plinth.schematic=yes console=ttyS0 panic=-1 talos.config=";
 
 /// The firmware a VM boots with.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -162,12 +179,14 @@ async fn boot_vm(tag: &str, fw: Fw) {
 }
 
 /// `image_door`: serve kernel and initramfs from the sendfile image door (`[boot].images_listen`)
-/// instead of the main port; the install script points there.
-async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
+/// instead of the main port; the install script points there. `ipv6_ra`: the subnet sends IPv6
+/// router advertisements (iPXE's IPv6 autoconfiguration then ends at once): the time from VM start
+/// to config fetched is printed either way, for the README's table (no timing assertion).
+async fn install_vm(tag: &str, uefi: bool, image_door: bool, ipv6_ra: bool) {
     let dir = workdir(tag);
     let d = dir.path();
     let mut lab = Lab::new(tag);
-    let cfg = config(d, &lab.br, "");
+    let cfg = config(d, &lab.br, if ipv6_ra { "ipv6_ra = true\n" } else { "" });
     if image_door {
         let text = std::fs::read_to_string(&cfg).expect("config");
         let text = text.replacen(
@@ -200,10 +219,29 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
         image.kernel_release,
         std::fs::metadata(&image.initramfs).map_or(0, |m| m.len())
     );
-    import_image(&cfg, &image);
+    let schematic = plinth::talos::schematic::Schematic::parse(SCHEMATIC)
+        .and_then(|s| s.id())
+        .expect("schematic id");
+    import_image_as(&cfg, &image, Some(schematic.as_str()));
 
     // The VM, declared; the same config file (database, secret key) as the server.
-    let inv = write_inventory(d, host, mac, uuid, &InventoryExtras::default());
+    let cluster_extra = format!(
+        "schematic:\n{}",
+        SCHEMATIC
+            .lines()
+            .map(|l| format!("  {l}\n"))
+            .collect::<String>()
+    );
+    let inv = write_inventory(
+        d,
+        host,
+        mac,
+        uuid,
+        &InventoryExtras {
+            cluster: &cluster_extra,
+            ..InventoryExtras::default()
+        },
+    );
     plinth_ok(&["apply", &inv.display().to_string(), "--config", &cfg_s]);
     let token = plinth_ok(&["token", "create", "--role", "operator", "--config", &cfg_s])
         .trim()
@@ -248,6 +286,25 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
         "{tag}: the VM fetched its config after {fetched_after:?} ({:?})",
         report.fields
     );
+    eprintln!(
+        "{tag}: {} firmware, ipv6_ra {}: VM start to config fetched {:.1} s",
+        if uefi { "UEFI" } else { "BIOS" },
+        if ipv6_ra { "on" } else { "off" },
+        fetched_after.as_secs_f64()
+    );
+    if ipv6_ra {
+        // iPXE solicited a router and was answered (what ended its IPv6 wait).
+        let metrics = lab.run("curl", &["-sf", "http://10.88.0.1:8080/metrics"]);
+        let solicited = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("plinth_ra_sent_total{kind=\"solicited\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0);
+        assert!(
+            solicited >= 1.0,
+            "no solicited router advertisement:\n{metrics}"
+        );
+    }
     assert_eq!(
         report.fields.get("status").map(String::as_str),
         Some("ok"),
@@ -292,6 +349,33 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool) {
     );
     let yaml = String::from_utf8(report.body.clone()).expect("utf-8 config");
     assert!(yaml.contains(&format!("hostname: {host}")), "{yaml}");
+
+    // The kernel line the VM's kernel got.
+    let console = String::from_utf8_lossy(&std::fs::read(&serial).unwrap_or_default()).into_owned();
+    let cmdline = console
+        .split("plinth-vm: cmdline<<")
+        .nth(1)
+        .and_then(|rest| rest.split(">>").next())
+        .map(|l| l.replace(['\r', '\n'], ""))
+        .unwrap_or_else(|| panic!("the VM printed no kernel line:\n{}", tail(&serial, 3000)));
+    eprintln!(
+        "{tag}: the VM's kernel line: {}?token=<redacted>",
+        cmdline.split("?token=").next().unwrap_or_default()
+    );
+    let config_url = cmdline.strip_prefix(EXPECTED_CMDLINE).unwrap_or_else(|| {
+        panic!("the VM's kernel line\n  {cmdline}\nis not\n  {EXPECTED_CMDLINE}<config URL>")
+    });
+    assert!(
+        config_url.starts_with(&format!("{}/config/", crate::support::vm_lab::SERVER))
+            && config_url.contains("?token=")
+            && (config_url.contains(&format!("uuid={uuid}"))
+                || config_url.contains("uuid=${uuid}")),
+        "talos.config={config_url}"
+    );
+    assert!(
+        !config_url.contains(' '),
+        "talos.config= is the last argument: {config_url}"
+    );
 
     let store = open_store(d).await;
     let m = store
@@ -410,10 +494,21 @@ async fn arm64_uefi_vm_boots_arm64_ipxe_and_is_discovered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bios_vm_installs_and_fetches_its_rendered_config() {
     // Through the image door: iPXE fetches kernel and initramfs from the sendfile listener.
-    install_vm("bi", false, true).await;
+    install_vm("bi", false, true, false).await;
+}
+
+/// As above with `ipv6_ra`: iPXE's router solicitation is answered and its IPv6 wait ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bios_vm_with_ipv6_ra_installs_and_fetches_its_rendered_config() {
+    install_vm("br", false, true, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uefi_vm_with_ipv6_ra_installs_and_fetches_its_rendered_config() {
+    install_vm("ur", true, false, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn uefi_vm_installs_and_fetches_its_rendered_config() {
-    install_vm("ui", true, false).await;
+    install_vm("ui", true, false, false).await;
 }

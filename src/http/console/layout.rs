@@ -86,6 +86,19 @@ pub fn machine_link(m: &Machine) -> Markup {
     html! { a href={ "/console/machines/" (m.id) } { (m.display_name()) } }
 }
 
+/// Manufacturer and model, whichever are known; `–` when neither is.
+pub fn product(m: &Machine) -> String {
+    let known: Vec<&str> = [m.manufacturer.as_deref(), m.model.as_deref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    if known.is_empty() {
+        "–".into()
+    } else {
+        known.join(" ")
+    }
+}
+
 /// A hidden CSRF field for a form of this session.
 pub fn csrf(who: &Signed) -> Markup {
     html! { input type="hidden" name="csrf" value=(who.csrf()); }

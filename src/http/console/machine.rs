@@ -57,7 +57,7 @@ pub async fn page(
                 dt { "Serial" } dd { (m.serial.as_deref().unwrap_or("–")) }
                 dt { "Asset tag" } dd { (m.asset_tag.as_deref().unwrap_or("–")) }
                 dt { "SMBIOS UUID" } dd { (m.smbios_uuid.map(|u| u.to_string()).unwrap_or_else(|| "–".into())) }
-                dt { "Product" } dd { (m.manufacturer.as_deref().unwrap_or("–")) " " (m.model.as_deref().unwrap_or("")) }
+                dt { "Product" } dd { (layout::product(&m)) }
                 dt { "Location" } dd {
                     "site " (m.site.as_deref().unwrap_or("–")) ", rack " (m.rack.as_deref().unwrap_or("–"))
                     ", unit " @if let Some(u) = m.rack_unit { "U" (u) } @else { "–" }

@@ -500,7 +500,7 @@ pub async fn discovered(State(s): State<AppState>, who: Signed) -> Result<Markup
                     dt { "MAC" } dd { @for i in &m.interfaces { code { (i.mac) } " " } }
                     dt { "SMBIOS UUID" } dd { (m.smbios_uuid.map(|u| u.to_string()).unwrap_or_else(|| "–".into())) }
                     dt { "Serial" } dd { (m.serial.as_deref().unwrap_or("–")) }
-                    dt { "Product" } dd { (m.manufacturer.as_deref().unwrap_or("")) " " (m.model.as_deref().unwrap_or("")) }
+                    dt { "Product" } dd { (layout::product(m)) }
                     dt { "Switch port" } dd.switch-port {
                         @match ports.get(&m.id) {
                             Some(p) => { (layout::switch_port(p)) }

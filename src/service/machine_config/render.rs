@@ -34,6 +34,8 @@ pub struct RenderedMachine {
     pub install_disk: Option<String>,
     /// Extra kernel arguments: cluster, site, rack, profile, machine.
     pub kernel_args: Vec<String>,
+    /// The schematic's `customization.extraKernelArgs` (Image Factory's PXE line has them).
+    pub schematic_kernel_args: Vec<String>,
     /// Wipe on install (profile).
     pub wipe: bool,
 }
@@ -321,6 +323,7 @@ impl ConfigService {
             warnings,
             install_disk: disk_text,
             kernel_args,
+            schematic_kernel_args: cluster.spec.schematic_kernel_args.clone(),
             wipe,
         })
     }

@@ -97,8 +97,10 @@ pub struct InstallTicket {
     pub talos_version: String,
     /// Schematic id.
     pub schematic_id: String,
-    /// Extra kernel arguments.
+    /// Extra kernel arguments of the inventory.
     pub kernel_args: Vec<String>,
+    /// The schematic's `customization.extraKernelArgs`.
+    pub schematic_kernel_args: Vec<String>,
     /// Wipe the system disk on this boot.
     pub wipe: bool,
     /// The code this boot's console shows, for an operator to approve its config's release
@@ -345,6 +347,7 @@ impl ConfigService {
             talos_version: rendered.version.to_string(),
             schematic_id: rendered.schematic_id,
             kernel_args: rendered.kernel_args,
+            schematic_kernel_args: rendered.schematic_kernel_args,
             wipe: (w.wipe || rendered.wipe) && first_boot,
             approval_code,
         }))

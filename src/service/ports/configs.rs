@@ -50,6 +50,10 @@ pub struct ClusterSpec {
     pub kubernetes_version: Option<String>,
     /// Image Factory schematic id of the installer, kernel and initramfs.
     pub schematic_id: String,
+    /// The schematic's `customization.extraKernelArgs`, which Image Factory puts on its PXE
+    /// kernel line (known when the inventory gives the `schematic`, not just its id).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub schematic_kernel_args: Vec<String>,
     /// Image Factory host for the installer image.
     pub factory_host: String,
     /// A full installer image reference instead of the factory's.
@@ -74,6 +78,9 @@ pub struct ClusterSpec {
     /// `approve` (an operator approves each release, matching the code its console shows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delivery: Option<Delivery>,
+    /// Rolling upgrade policy (workers per rack, node deadline, snapshot age).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<super::upgrades::UpgradePolicy>,
 }
 
 /// How a cluster's configs are released (`delivery:` of a Cluster in the inventory directory).

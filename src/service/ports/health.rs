@@ -3,9 +3,36 @@
 //! database, not of one of its tables: `/healthz` and the start-up key check ask it without being
 //! handed machines, events or leases. Imports `StoreError` only.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use async_trait::async_trait;
 
 use super::error::StoreError;
+
+/// One transaction of the store's group commit (the writes of DHCP leases and of every boot):
+/// what an observer (`/metrics`) is told after it ended.
+#[derive(Clone, Copy, Debug)]
+pub struct CommitReport {
+    /// Writes the transaction carried.
+    pub writes: usize,
+    /// How long its first write waited in the queue before the transaction began.
+    pub waited: Duration,
+    /// How long the transaction took, begin to commit (on SQLite the commit is an fsync of the
+    /// WAL, `synchronous=FULL`; on PostgreSQL a commit, which flushes its WAL).
+    pub took: Duration,
+    /// Committed (false: rolled back, its writes retried one by one).
+    pub committed: bool,
+    /// Writes still queued behind it.
+    pub queued: usize,
+}
+
+/// Told about every transaction of the group commit. Called on the writer's task after each
+/// commit: an implementation must not wait (atomics only).
+pub trait CommitObserver: Send + Sync + 'static {
+    /// A transaction ended.
+    fn transaction(&self, report: CommitReport);
+}
 
 /// Reachability, writability and the secret key's fingerprint of the database.
 #[async_trait]
@@ -30,6 +57,12 @@ pub trait StoreHealth: Send + Sync + 'static {
     /// How the database's applied migrations compare with the ones this binary carries; reads
     /// only (`plinth doctor`).
     async fn migration_gap(&self) -> Result<MigrationGap, StoreError>;
+
+    /// Report every transaction of the group commit to `observer` from now on (the first
+    /// observer set stays). A store without a group commit ignores it.
+    fn observe_commits(&self, observer: Arc<dyn CommitObserver>) {
+        let _ = observer;
+    }
 }
 
 /// The migrations of this binary the database has not applied, and the ones it has applied that

@@ -21,6 +21,7 @@ pub mod reinstalls;
 pub mod talos_api;
 pub mod talos_state;
 pub mod tokens;
+pub mod upgrades;
 
 use std::sync::Arc;
 
@@ -31,7 +32,7 @@ pub use configs::{
 };
 pub use error::StoreError;
 pub use events::{Event, EventFilter, EventStore, NewEvent};
-pub use health::{MigrationGap, StoreHealth};
+pub use health::{CommitObserver, CommitReport, MigrationGap, StoreHealth};
 pub use images::{CachedImage, FetchProgress, ImageFetchError, TalosImages};
 pub use leases::{CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation};
 pub use machines::{
@@ -61,6 +62,8 @@ pub struct Stores {
     pub reinstalls: Arc<dyn ReinstallStore>,
     /// Cluster bootstraps, node verifications, cluster health.
     pub talos: Arc<dyn talos_state::TalosStateStore>,
+    /// Rolling upgrades.
+    pub upgrades: Arc<dyn upgrades::UpgradeStore>,
     /// Reachability of the database.
     pub health: Arc<dyn StoreHealth>,
 }
@@ -77,6 +80,7 @@ impl Stores {
             + ConfigStore
             + ReinstallStore
             + talos_state::TalosStateStore
+            + upgrades::UpgradeStore
             + StoreHealth,
     {
         Stores {
@@ -88,6 +92,7 @@ impl Stores {
             configs: store.clone(),
             reinstalls: store.clone(),
             talos: store.clone(),
+            upgrades: store.clone(),
             health: store,
         }
     }

@@ -8,10 +8,13 @@
 //! what kind of failure it was, so a caller can tell "not up yet" from "not our node" from "the
 //! node refused".
 //!
-//! Shaped for day two (#20): upgrades (`MachineService.Upgrade`, `LifecycleService.Upgrade`) and
-//! etcd snapshots and recovery (`EtcdSnapshot`, `EtcdRecover`, `Bootstrap` with `recover_etcd`)
-//! are further methods of this trait over the same node and credential types. Imports nothing
-//! but std, chrono and serde.
+//! Day two (#20): upgrades are `MachineService.Upgrade` (Talos before 1.13: the node pulls the
+//! installer, installs it into its other boot slot and reboots by itself) or, from 1.13,
+//! `ImageService.Pull` + `LifecycleService.Upgrade` (the installer's progress and exit code) +
+//! `MachineService.Reboot`; a reboot is told by the node's boot id (`Read` of
+//! `/proc/sys/kernel/random/boot_id`, as talosctl does). etcd snapshots and recovery
+//! (`EtcdSnapshot`, `EtcdRecover`, `Bootstrap` with `recover_etcd`) are further methods over the
+//! same node and credential types. Imports nothing but std, chrono and serde.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -153,6 +156,18 @@ pub struct BootstrapOptions {
     pub recover_skip_hash_check: bool,
 }
 
+/// What the installer reported through `LifecycleService.Upgrade`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstallOutcome {
+    /// The installer's exit code (0: installed into the other boot slot).
+    pub exit_code: i32,
+    /// Its last progress lines (at most [`INSTALL_LINES`]).
+    pub messages: Vec<String>,
+}
+
+/// Progress lines an [`InstallOutcome`] keeps (the last ones).
+pub const INSTALL_LINES: usize = 20;
+
 /// A gRPC status code, as Talos answers with them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -270,4 +285,34 @@ pub trait TalosApi: Send + Sync + 'static {
         nodes: &ClusterNodes,
         wait: Duration,
     ) -> Result<ClusterCheck, TalosApiError>;
+
+    /// The node's boot id (`MachineService.Read` of `/proc/sys/kernel/random/boot_id`; needs
+    /// `os:admin`): it changes with every boot.
+    async fn boot_id(&self, node: &TalosNode) -> Result<String, TalosApiError>;
+
+    /// `MachineService.Upgrade` (Talos before 1.13; deprecated from 1.13): the node pulls and
+    /// checks `image`, on a control plane checks etcd, acknowledges, then installs and reboots by
+    /// itself. Returns the acknowledgement. Never retried once the request may have been sent.
+    async fn upgrade_legacy(&self, node: &TalosNode, image: &str) -> Result<String, TalosApiError>;
+
+    /// `ImageService.Pull` into the system containerd (Talos 1.13 and later), waiting at most
+    /// `wait`: the pulled image's name.
+    async fn pull_image(
+        &self,
+        node: &TalosNode,
+        image: &str,
+        wait: Duration,
+    ) -> Result<String, TalosApiError>;
+
+    /// `LifecycleService.Upgrade` with an image pulled before (Talos 1.13 and later), waiting at
+    /// most `wait` for the installer's exit code. Does not reboot. Never retried once sent.
+    async fn lifecycle_upgrade(
+        &self,
+        node: &TalosNode,
+        image: &str,
+        wait: Duration,
+    ) -> Result<InstallOutcome, TalosApiError>;
+
+    /// `MachineService.Reboot`. Never retried once the request may have been sent.
+    async fn reboot(&self, node: &TalosNode) -> Result<(), TalosApiError>;
 }

@@ -3,9 +3,17 @@
 //! `..`, a Windows prefix, a symlink leading out of it and anything but a regular file are
 //! refused. Which binary each firmware gets is the domain's one table (`IPXE_BINARIES`).
 //!
+//! A name resolved is remembered for [`RESOLVED_FOR`] (at most [`RESOLVED_MAX`] names): a boot
+//! storm asks for the same two or three files thousands of times, and each resolution costs a
+//! dozen file-system calls on a blocking thread (a hop the first TFTP block waits for). A file
+//! replaced or removed is seen within that time.
+//!
 //! Imports `domain` only.
 
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::domain::dhcp::IPXE_BINARIES;
 
@@ -20,16 +28,50 @@ pub enum FileRefusal {
     Unavailable,
 }
 
+/// How long a resolved name is trusted without looking at the file system again.
+pub const RESOLVED_FOR: Duration = Duration::from_secs(1);
+/// Names remembered at most (clients choose names: the map is cleared when full).
+const RESOLVED_MAX: usize = 64;
+
+/// A resolved name: the file and its length, and when that was seen.
+type Resolved = HashMap<String, (PathBuf, u64, Instant)>;
+
 /// The directory of boot files.
 #[derive(Clone, Debug)]
 pub struct BootFiles {
     dir: Option<PathBuf>,
+    resolved: Arc<Mutex<Resolved>>,
 }
 
 impl BootFiles {
     /// The files in `dir` (none when `None`).
     pub fn new(dir: Option<PathBuf>) -> Self {
-        BootFiles { dir }
+        BootFiles {
+            dir,
+            resolved: Arc::default(),
+        }
+    }
+
+    /// `requested`'s file and length if it was resolved less than [`RESOLVED_FOR`] ago (no
+    /// file-system call).
+    pub fn recent(&self, requested: &str) -> Option<(PathBuf, u64)> {
+        let map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(requested)
+            .filter(|(_, _, at)| at.elapsed() < RESOLVED_FOR)
+            .map(|(p, len, _)| (p.clone(), *len))
+    }
+
+    /// Resolve `requested` and read its length (blocking file-system calls); remembered for
+    /// [`BootFiles::recent`].
+    pub fn resolve_len(&self, requested: &str) -> Result<(PathBuf, u64), FileRefusal> {
+        let path = self.resolve(requested)?;
+        let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let mut map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        if map.len() >= RESOLVED_MAX && !map.contains_key(requested) {
+            map.clear();
+        }
+        map.insert(requested.to_string(), (path.clone(), len, Instant::now()));
+        Ok((path, len))
     }
 
     /// The configured directory.
@@ -123,6 +165,10 @@ mod tests {
         assert_eq!(files.bootable(), vec!["bios", "uefi-x86_64"]);
         assert!(BootFiles::new(None).bootable().is_empty());
         assert_eq!(files.resolve("ipxe.efi").map(|_| ()), Ok(()));
+        assert_eq!(files.recent("ipxe.efi"), None);
+        let (path, len) = files.resolve_len("ipxe.efi").expect("resolved");
+        assert_eq!(files.recent("ipxe.efi"), Some((path, len)));
+        assert_eq!(len, 1);
         assert_eq!(
             BootFiles::new(None).resolve("ipxe.efi"),
             Err(FileRefusal::NotFound)

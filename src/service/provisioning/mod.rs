@@ -238,15 +238,7 @@ impl ProvisioningService {
             IpAddr::V4(ip) => self.machine_at(ip).await?,
             IpAddr::V6(_) => None,
         };
-        let files = self.inner.files.clone();
-        let name = requested.to_string();
-        let (path, bytes) = tokio::task::spawn_blocking(move || {
-            let path = files.resolve(&name)?;
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Ok((path, bytes))
-        })
-        .await
-        .unwrap_or(Err(FileRefusal::Unavailable))?;
+        let (path, bytes) = self.boot_file(requested).await?;
         if let IpAddr::V4(ip) = peer {
             self.inner.timeline.record(Step {
                 kind: "tftp.read",
@@ -259,6 +251,19 @@ impl ProvisioningService {
         Ok(path)
     }
 
+    /// A boot file's path and length: remembered from less than a second ago, else resolved on
+    /// the blocking pool.
+    async fn boot_file(&self, requested: &str) -> Result<(std::path::PathBuf, u64), FileRefusal> {
+        if let Some(found) = self.inner.files.recent(requested) {
+            return Ok(found);
+        }
+        let files = self.inner.files.clone();
+        let name = requested.to_string();
+        tokio::task::spawn_blocking(move || files.resolve_len(&name))
+            .await
+            .unwrap_or(Err(FileRefusal::Unavailable))
+    }
+
     /// HTTP `/ipxe/{file}`: an iPXE binary for UEFI HTTP boot. A whole `GET` of a file that is
     /// there (not the firmware's `HEAD`, which asks for the length and type first, nor a range)
     /// is the `http.ipxe` step of the boot timeline, attributed to the machine at `peer`.
@@ -268,15 +273,7 @@ impl ProvisioningService {
         peer: IpAddr,
         whole_get: bool,
     ) -> Result<std::path::PathBuf, FileRefusal> {
-        let files = self.inner.files.clone();
-        let name = requested.to_string();
-        let (path, bytes) = tokio::task::spawn_blocking(move || {
-            let path = files.resolve(&name)?;
-            let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
-            Ok((path, bytes))
-        })
-        .await
-        .unwrap_or(Err(FileRefusal::Unavailable))?;
+        let (path, bytes) = self.boot_file(requested).await?;
         if let (true, IpAddr::V4(ip)) = (whole_get, peer) {
             tracing::info!(file = %requested, bytes, from = %ip, "ipxe binary served over HTTP");
             self.inner.timeline.record(Step {

@@ -116,7 +116,7 @@ impl ProvisioningService {
         self.record_plan(&m, mac, &plan, discovered, req).await;
         ScriptAnswer {
             outcome: ScriptOutcome::Served,
-            script: machine_script(&plan, arch, &self_url),
+            script: machine_script(&plan, &self_url),
         }
     }
 
@@ -185,6 +185,9 @@ impl ProvisioningService {
             }
         };
         let (schematic, version) = (&ticket.schematic_id, &ticket.talos_version);
+        let talos_version = version
+            .parse::<crate::talos::TalosVersion>()
+            .map_err(|e| format!("the cluster's talosVersion: {e}"))?;
         let images = format!(
             "{}/images/{schematic}/{version}",
             self.inner.settings.images_door.base(base)
@@ -198,15 +201,11 @@ impl ProvisioningService {
                 "{base}/config/{}?token={}&uuid=${{uuid}}",
                 m.id, ticket.token
             ),
-            talos_args: version
-                .parse::<crate::talos::TalosVersion>()
-                .map(|v| {
-                    crate::talos::kernel::default_args(v)
-                        .into_iter()
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
+            talos_args: crate::talos::kernel::pxe_args(
+                talos_version,
+                arch,
+                &ticket.schematic_kernel_args,
+            ),
             extra_args: ticket.kernel_args,
             wipe: ticket.wipe,
             approval_code: ticket.approval_code,

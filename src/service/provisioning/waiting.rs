@@ -177,6 +177,7 @@ mod tests {
         crate::service::Event {
             id: 1,
             machine_id: None,
+            machine: None,
             kind: "boot.script".into(),
             actor: "boot".into(),
             detail,

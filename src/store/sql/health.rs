@@ -7,10 +7,14 @@ use chrono::Utc;
 use sqlx::Row as _;
 
 use super::Store;
-use crate::service::ports::{MigrationGap, StoreError, StoreHealth};
+use crate::service::ports::{CommitObserver, MigrationGap, StoreError, StoreHealth};
 
 #[async_trait]
 impl StoreHealth for Store {
+    fn observe_commits(&self, observer: std::sync::Arc<dyn CommitObserver>) {
+        self.group_commit.observe(observer);
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.read).await?;
         Ok(())

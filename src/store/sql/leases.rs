@@ -279,7 +279,9 @@ impl LeaseStore for Store {
         mac: MacAddr,
         ips: [Option<Ipv4Addr>; 2],
     ) -> Result<ClientFacts, StoreError> {
-        let row = sqlx::query(&format!(
+        // The lease joined by its address (a scalar look-up of the newest one), not a subquery
+        // materialised per call; with `dhcp_leases_mac_recent_idx` no temporary b-tree at all.
+        let row = sqlx::query(
             "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
              (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
              (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
@@ -288,10 +290,12 @@ impl LeaseStore for Store {
               WHERE i.mac = $1) AS pin_circuit, \
              (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
              (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
-             l.* FROM (SELECT 1 AS one) AS o LEFT JOIN \
-             (SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
-              AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1) AS l ON TRUE"
-        ))
+             l.ip, l.subnet, l.mac, l.state, l.expires_ms, l.hostname, l.relay_circuit_id, \
+             l.relay_remote_id, l.giaddr, l.updated_ms \
+             FROM (SELECT 1 AS one) AS o LEFT JOIN dhcp_leases l ON l.ip = \
+             (SELECT ip FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
+              AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1)",
+        )
         .bind(mac.to_string())
         .bind(ips[0].map(|ip| ip.to_string()))
         .bind(ips[1].map(|ip| ip.to_string()))

@@ -6,6 +6,7 @@ use serde_yaml_ng::{Mapping, Value};
 
 use super::rules::{rule_for, MergeRule};
 use super::PatchError;
+use crate::talos::validate::shape::{is_value_struct, place_of, Place};
 use crate::talos::{
     document_id_at, kind_name, normalise_document, path_text, scalar_text, DocumentId,
     MachineConfig, Seg,
@@ -249,6 +250,13 @@ fn is_identity_only(doc: &Value) -> bool {
     })
 }
 
+/// Run one `$patch: delete` the way Talos' delete selector does (`deleteForPath` in
+/// `pkg/machinery/config/configloader/internal/decoder/selector.go`, the same from v1.11.6 to
+/// v1.14.0-rc.1). Talos walks its Go types, so whether a missing key is an error depends on what
+/// the place is ([`place_of`]): an unset struct field is zeroed (nothing to do), while a key a map
+/// does not hold, a name that is no field, an unset pointer on the way, or a list item that is
+/// not there is "lookup failed". Struct values (not pointers) on the way are walked into even when
+/// unset ([`is_value_struct`]).
 fn apply_delete(config: &mut MachineConfig, sel: &DeleteSelector) -> Result<(), PatchError> {
     let docs = config.documents_mut();
     let Some(pos) = docs
@@ -274,26 +282,42 @@ fn apply_delete(config: &mut MachineConfig, sel: &DeleteSelector) -> Result<(), 
             None => (&sel.keys[..], None),
         },
     };
-    let mut node = &mut docs[pos];
-    for k in parent_keys {
-        node = match node.get_mut(k.as_str()) {
-            Some(v) if !v.is_null() => v,
-            _ => return Err(fail(format!("lookup failed: `{k}` is not set"))),
+    // Walk to the parent; `None` once inside an unset struct value (an empty struct to Talos).
+    let mut node = Some(&mut docs[pos]);
+    for (i, k) in parent_keys.iter().enumerate() {
+        node = match node {
+            Some(n) => match n.get_mut(k.as_str()) {
+                Some(v) if !v.is_null() => Some(v),
+                _ if is_value_struct(&sel.doc, &parent_keys[..=i]) => None,
+                _ => return Err(fail(format!("lookup failed: `{k}` is not set"))),
+            },
+            None if is_value_struct(&sel.doc, &parent_keys[..=i]) => None,
+            None => return Err(fail(format!("lookup failed: `{k}` is not set"))),
         };
     }
-    match (last, &sel.item) {
-        (Some(key), _) => match node.as_mapping_mut() {
-            // A key that is already absent is already deleted (Talos zeroes struct fields).
-            Some(m) => {
-                m.shift_remove(key.as_str());
-                Ok(())
-            }
+    // A key the parent does not hold: Talos' verdict by what the place is.
+    let absent = |key: &str| match place_of(&sel.doc, &sel.keys) {
+        Place::MapKey => Err(fail(format!("lookup failed: the map has no key `{key}`"))),
+        Place::NotAField => Err(fail(format!(
+            "lookup failed: `{key}` is not a field Talos knows here"
+        ))),
+        // An unset struct field is zeroed: already deleted.
+        Place::Field | Place::Unknown => Ok(()),
+    };
+    match (last, &sel.item, node) {
+        (Some(key), _, None) => absent(key),
+        (Some(key), _, Some(node)) => match node.as_mapping_mut() {
+            Some(m) => match m.shift_remove(key.as_str()) {
+                Some(_) => Ok(()),
+                None => absent(key),
+            },
             None => Err(fail(format!(
                 "lookup failed: not a mapping but {}",
                 kind_name(node)
             ))),
         },
-        (None, Some((key, value))) => {
+        (None, Some(_), None) => Err(fail("lookup failed: no such list item".into())),
+        (None, Some((key, value)), Some(node)) => {
             let Some(items) = node.as_sequence_mut() else {
                 return Err(fail(format!(
                     "lookup failed: not a list but {}",
@@ -312,7 +336,7 @@ fn apply_delete(config: &mut MachineConfig, sel: &DeleteSelector) -> Result<(), 
                 None => Err(fail("lookup failed: no such list item".into())),
             }
         }
-        (None, None) => Ok(()),
+        (None, None, _) => Ok(()),
     }
 }
 

@@ -19,7 +19,11 @@ use std::sync::OnceLock;
 
 use serde_yaml_ng::Value;
 
+pub mod cel;
+mod kinds;
 mod rules;
+pub mod shape;
+mod v1alpha1;
 
 pub use rules::V1ALPHA1_RULES;
 
@@ -671,7 +675,10 @@ impl SchemaValidator {
                                 unexpected,
                             } if id.is_v1alpha1() => unexpected.clone(),
                             _ => {
-                                out.push(v(&path, e.to_string()));
+                                let value = json.pointer(e.instance_path().as_str());
+                                if !(id.is_v1alpha1() && decoder_accepts(&path, value)) {
+                                    out.push(v(&path, e.to_string()));
+                                }
                                 continue;
                             }
                         };
@@ -722,6 +729,17 @@ impl SchemaValidator {
         }
         out
     }
+}
+
+/// v1alpha1 values Talos' decoder takes that the schema's enums leave out: `machine.type`
+/// `init`, `join` and empty (`ParseType` in `pkg/machinery/config/machine/machine.go`; the
+/// schema lists only `controlplane` and `worker`). The v1alpha1 rules warn about `join` and
+/// empty.
+fn decoder_accepts(path: &str, value: Option<&serde_json::Value>) -> bool {
+    path == "machine.type"
+        && value
+            .and_then(serde_json::Value::as_str)
+            .is_some_and(|t| matches!(t, "init" | "join" | ""))
 }
 
 /// `/machine/a~1b/0` -> `["machine", "a/b", "0"]` (RFC 6901 unescaping).
@@ -809,6 +827,8 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
             rule: V1ALPHA1_RULES,
         });
         rules::check_documents(config, &mut out);
+        kinds::check(config, version, &mut out);
+        kinds::check_container(config, version, &mut out);
         return out;
     };
     let mut push = |path: &str, message: String, source: RuleSource| {
@@ -834,9 +854,18 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
     }
 
     let machine_type = text(doc, &["machine", "type"]).unwrap_or("");
+    let mut type_warning = None;
     let control_plane = match machine_type {
         "controlplane" | "init" => Some(true),
         "worker" => Some(false),
+        // Talos' decoder reads `join` and an empty type as a worker, and warns
+        // (pkg/machinery/config/machine/machine.go, ParseType).
+        "join" | "" => {
+            type_warning = Some(format!(
+                "use \"worker\" instead of {machine_type:?} for machine type"
+            ));
+            Some(false)
+        }
         other => {
             push(
                 "machine.type",
@@ -948,8 +977,20 @@ pub fn check_semantics(config: &MachineConfig, version: TalosVersion) -> Vec<Vio
     }
 
     check_install(config, doc, version, &mut push);
+    if let Some(message) = type_warning {
+        out.push(Violation {
+            document: "v1alpha1".into(),
+            path: "machine.type".into(),
+            message,
+            source: RuleSource::Talos,
+            severity: Severity::Warning,
+            rule: V1ALPHA1_RULES,
+        });
+    }
     rules::check_v1alpha1(doc, control_plane, version, &mut out);
     rules::check_documents(config, &mut out);
+    kinds::check(config, version, &mut out);
+    kinds::check_container(config, version, &mut out);
     out
 }
 
@@ -1037,18 +1078,11 @@ fn check_install(
         .iter()
         .find(|d| DocumentId::of(d).is_some_and(|id| id.kind == "UnattendedInstallConfig"));
     let install = at(doc, &["machine", "install"]);
-    if let Some(u) = unattended {
+    if unattended.is_some() {
         if !version.uses_unattended_install() {
             push(
                 "(document UnattendedInstallConfig)",
                 format!("Talos {version} does not know the UnattendedInstallConfig document; use machine.install"),
-                RuleSource::Talos,
-            );
-        }
-        if text(u, &["provisioning", "diskSelector", "match"]).is_none_or(str::is_empty) {
-            push(
-                "(document UnattendedInstallConfig) provisioning.diskSelector.match",
-                "an install disk selector (CEL) is required".into(),
                 RuleSource::Talos,
             );
         }
@@ -1068,10 +1102,18 @@ fn check_install(
         } else {
             "machine.install with disk or diskSelector"
         };
+        // Talos 1.14 no longer requires an install section (machine.install is deprecated in
+        // favour of UnattendedInstallConfig, and neither is mandatory); Plinth still does, since
+        // a bare-metal config it serves must say where to install.
+        let source = if version.uses_unattended_install() {
+            RuleSource::Plinth
+        } else {
+            RuleSource::Talos
+        };
         push(
             "machine.install",
             format!("install instructions are required to install on bare metal: add {hint}"),
-            RuleSource::Talos,
+            source,
         );
         return;
     };

@@ -12,19 +12,24 @@ use std::net::IpAddr;
 
 use serde_yaml_ng::Value;
 
-use super::{RuleSource, Severity, Violation};
+use super::{kinds, RuleSource, Severity, Violation};
 use crate::talos::{DocumentId, MachineConfig, TalosVersion};
 
 /// The v1alpha1 validator of Talos.
 pub const V1ALPHA1_RULES: &str = "pkg/machinery/config/types/v1alpha1/v1alpha1_validation.go";
 
 /// Collects findings for one document.
-struct Findings<'a> {
+pub(super) struct Findings<'a> {
     out: &'a mut Vec<Violation>,
     document: String,
 }
 
-impl Findings<'_> {
+impl<'a> Findings<'a> {
+    /// Findings of `document` (as [`DocumentId`] displays it) into `out`.
+    pub(super) fn new(out: &'a mut Vec<Violation>, document: String) -> Self {
+        Findings { out, document }
+    }
+
     fn push(&mut self, severity: Severity, path: &str, rule: &'static str, message: String) {
         self.out.push(Violation {
             document: self.document.clone(),
@@ -36,17 +41,17 @@ impl Findings<'_> {
         });
     }
 
-    fn error(&mut self, path: &str, rule: &'static str, message: impl Into<String>) {
+    pub(super) fn error(&mut self, path: &str, rule: &'static str, message: impl Into<String>) {
         self.push(Severity::Error, path, rule, message.into());
     }
 
-    fn warning(&mut self, path: &str, rule: &'static str, message: impl Into<String>) {
+    pub(super) fn warning(&mut self, path: &str, rule: &'static str, message: impl Into<String>) {
         self.push(Severity::Warning, path, rule, message.into());
     }
 }
 
 /// The value at a dotted path, if set and not null.
-fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+pub(super) fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     let mut node = v;
     for k in path.split('.') {
         node = node.get(k)?;
@@ -54,26 +59,26 @@ fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
     (!node.is_null()).then_some(node)
 }
 
-fn text<'a>(v: &'a Value, path: &str) -> &'a str {
+pub(super) fn text<'a>(v: &'a Value, path: &str) -> &'a str {
     at(v, path).and_then(Value::as_str).unwrap_or("")
 }
 
-fn truthy(v: &Value, path: &str) -> bool {
+pub(super) fn truthy(v: &Value, path: &str) -> bool {
     at(v, path).and_then(Value::as_bool) == Some(true)
 }
 
-fn items<'a>(v: &'a Value, path: &str) -> &'a [Value] {
+pub(super) fn items<'a>(v: &'a Value, path: &str) -> &'a [Value] {
     at(v, path)
         .and_then(Value::as_sequence)
         .map(Vec::as_slice)
         .unwrap_or(&[])
 }
 
-fn number(v: &Value, path: &str) -> u64 {
+pub(super) fn number(v: &Value, path: &str) -> u64 {
     at(v, path).and_then(Value::as_u64).unwrap_or(0)
 }
 
-fn set(v: &Value, path: &str) -> bool {
+pub(super) fn set(v: &Value, path: &str) -> bool {
     match at(v, path) {
         None => false,
         Some(Value::String(s)) => !s.is_empty(),
@@ -84,7 +89,7 @@ fn set(v: &Value, path: &str) -> bool {
 }
 
 /// An address or a subnet (`10.0.0.0/8`, `fd00::1`), as Talos' `ParseSubnetOrAddress` takes.
-fn subnet_or_address(s: &str) -> bool {
+pub(super) fn subnet_or_address(s: &str) -> bool {
     match s.split_once('/') {
         Some((ip, bits)) => match (ip.parse::<IpAddr>(), bits.parse::<u8>()) {
             (Ok(IpAddr::V4(_)), Ok(b)) => b <= 32,
@@ -97,7 +102,7 @@ fn subnet_or_address(s: &str) -> bool {
 
 /// A DNS name as Talos' cluster DNS domain rule accepts it: labels of letters, digits, `_` and
 /// `-` (not starting with `-`), at most 63 long, at most 255 characters without the dots.
-fn dns_name(name: &str) -> bool {
+pub(super) fn dns_name(name: &str) -> bool {
     if name.is_empty() || name.len() - name.matches('.').count() > 255 {
         return false;
     }
@@ -114,7 +119,7 @@ fn dns_name(name: &str) -> bool {
 }
 
 /// A URL with a scheme and a host (Talos' `ValidateEndpointURI` and `url.ParseRequestURI`).
-fn endpoint_uri(u: &str) -> bool {
+pub(super) fn endpoint_uri(u: &str) -> bool {
     u.split_once("://").is_some_and(|(scheme, rest)| {
         !scheme.is_empty()
             && scheme
@@ -459,6 +464,8 @@ pub(super) fn check_v1alpha1(
         }
     }
 
+    super::v1alpha1::check(doc, control_plane, version, f);
+
     // Kubernetes access to the Talos API.
     if truthy(doc, "machine.features.kubernetesTalosAPIAccess.enabled") {
         if control_plane == Some(false) {
@@ -662,7 +669,11 @@ fn check_interfaces(doc: &Value, f: &mut Findings<'_>) {
                     format!("{name:?}: machine.network.interface.cidr is deprecated, please use machine.network.interface.addresses"),
                 );
             }
-        } else if set(d, "cidr") || set(d, "addresses") || truthy(d, "dhcp") {
+        } else if set(d, "cidr")
+            || set(d, "addresses")
+            || truthy(d, "dhcp")
+            || at(d, "vip").is_some()
+        {
             f.error(
                 &p,
                 r,
@@ -686,42 +697,6 @@ const CONFLICTS: &[(&str, &str, Presence, &str)] = &[
         "machine.features.stableHostname",
         Presence::True,
         "pkg/machinery/config/types/network/hostname.go",
-    ),
-    (
-        "ResolverConfig",
-        "machine.network.nameservers",
-        Presence::Present,
-        "pkg/machinery/config/types/network/resolver.go",
-    ),
-    (
-        "ResolverConfig",
-        "machine.network.searchDomains",
-        Presence::Present,
-        "pkg/machinery/config/types/network/resolver.go",
-    ),
-    (
-        "ResolverConfig",
-        "machine.network.disableSearchDomain",
-        Presence::True,
-        "pkg/machinery/config/types/network/resolver.go",
-    ),
-    (
-        "TimeSyncConfig",
-        "machine.time.servers",
-        Presence::NonEmpty,
-        "pkg/machinery/config/types/network/time_sync.go",
-    ),
-    (
-        "TimeSyncConfig",
-        "machine.time.disabled",
-        Presence::True,
-        "pkg/machinery/config/types/network/time_sync.go",
-    ),
-    (
-        "KubeSpanConfig",
-        "machine.network.kubespan",
-        Presence::Present,
-        "pkg/machinery/config/types/network/kubespan.go",
     ),
     (
         "CRIBaseRuntimeSpecConfig",
@@ -843,6 +818,108 @@ const CONFLICTS: &[(&str, &str, Presence, &str)] = &[
         Presence::NonEmpty,
         "pkg/machinery/config/types/k8s/etcd_encryption.go",
     ),
+    (
+        "KubeAPIServerConfig",
+        "cluster.controlPlane.localAPIServerPort",
+        Presence::NonZero,
+        "pkg/machinery/config/types/k8s/apiserver.go",
+    ),
+    (
+        "KubeControllerManagerConfig",
+        "machine.controlPlane.controllerManager",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/controller_manager.go",
+    ),
+    (
+        "KubeSchedulerConfig",
+        "machine.controlPlane.scheduler",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/scheduler.go",
+    ),
+    (
+        "KubeClusterConfig",
+        "cluster.controlPlane.endpoint",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/cluster.go",
+    ),
+    (
+        "KubeAuthorizerConfig",
+        "cluster.apiServer.admissionControl",
+        Presence::NonEmpty,
+        "pkg/machinery/config/types/k8s/authorization.go",
+    ),
+    (
+        "KubeAuditPolicyConfig",
+        "cluster.apiServer.auditPolicy",
+        Presence::NonEmpty,
+        "pkg/machinery/config/types/k8s/audit_policy.go",
+    ),
+    (
+        "DiscoveryIdentityConfig",
+        "cluster.id",
+        Presence::NonEmpty,
+        "pkg/machinery/config/types/cluster/discovery_identity.go",
+    ),
+    (
+        "DiscoveryIdentityConfig",
+        "cluster.secret",
+        Presence::NonEmpty,
+        "pkg/machinery/config/types/cluster/discovery_identity.go",
+    ),
+    (
+        "ImageCacheConfig",
+        "machine.features.imageCache",
+        Presence::Present,
+        "pkg/machinery/config/types/cri/image_cache.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "cluster.allowSchedulingOnControlPlanes",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "cluster.allowSchedulingOnMasters",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.kubelet.skipNodeRegistration",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.kubelet.registerWithFQDN",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.kubelet.nodeIP",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.nodeLabels",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.nodeAnnotations",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
+    (
+        "KubeNodeConfig",
+        "machine.nodeTaints",
+        Presence::Present,
+        "pkg/machinery/config/types/k8s/node.go",
+    ),
 ];
 
 /// What makes a v1alpha1 field count as set for a conflict.
@@ -854,6 +931,8 @@ enum Presence {
     NonEmpty,
     /// `true`.
     True,
+    /// A number other than 0.
+    NonZero,
 }
 
 /// The conflict validators and the multi-document kinds' own rules.
@@ -880,6 +959,7 @@ pub(super) fn check_documents(config: &MachineConfig, out: &mut Vec<Violation>) 
             out: &mut *out,
             document: "v1alpha1".into(),
         };
+        check_conflicts(&id, d, v1, &mut f);
         for (kind, path, presence, rule) in CONFLICTS {
             if *kind != id.kind {
                 continue;
@@ -888,6 +968,7 @@ pub(super) fn check_documents(config: &MachineConfig, out: &mut Vec<Violation>) 
                 Presence::Present => at(v1, path).is_some(),
                 Presence::NonEmpty => set(v1, path),
                 Presence::True => truthy(v1, path),
+                Presence::NonZero => at(v1, path).and_then(Value::as_i64).is_some_and(|n| n != 0),
             };
             if hit {
                 f.error(
@@ -897,6 +978,83 @@ pub(super) fn check_documents(config: &MachineConfig, out: &mut Vec<Violation>) 
                 );
             }
         }
+    }
+}
+
+/// The conflict validators that look at more than one v1alpha1 field: `ResolverConfig`,
+/// `TimeSyncConfig`, `KubeSpanConfig` and the system `VolumeConfig`s
+/// (`V1Alpha1ConflictValidate` in their Talos files).
+fn check_conflicts(id: &DocumentId, d: &Value, v1: &Value, f: &mut Findings<'_>) {
+    match id.kind.as_str() {
+        "ResolverConfig" => {
+            let r = "pkg/machinery/config/types/network/resolver.go";
+            // Talos counts only nameservers that parse as IP addresses.
+            let nameservers = items(v1, "machine.network.nameservers")
+                .iter()
+                .filter_map(Value::as_str)
+                .any(|s| s.parse::<IpAddr>().is_ok());
+            if at(v1, "machine.network.searchDomains").is_some() {
+                f.error("machine.network.searchDomains", r, ".machine.network.searchDomains is already set in v1alpha1 config; the ResolverConfig document replaces it");
+            } else if nameservers {
+                f.error("machine.network.nameservers", r, ".machine.network.nameservers is already set in v1alpha1 config; the ResolverConfig document replaces it");
+            } else if truthy(v1, "machine.network.disableSearchDomain") {
+                f.error("machine.network.disableSearchDomain", r, ".machine.network.disableSearchDomain is already set in v1alpha1 config; the ResolverConfig document replaces it");
+            } else if set(d, "hostDNS") && at(v1, "machine.features.hostDNS").is_some() {
+                // Only 1.14's ResolverConfig has hostDNS; earlier schemas refuse the field.
+                f.error("machine.features.hostDNS", r, ".machine.features.hostDNS is already set in v1alpha1 config; the ResolverConfig document's hostDNS replaces it");
+            }
+        }
+        "TimeSyncConfig" => {
+            let r = "pkg/machinery/config/types/network/time_sync.go";
+            if at(v1, "machine.time").is_none() {
+                return;
+            }
+            if truthy(v1, "machine.time.disabled") {
+                f.error(
+                    "machine.time.disabled",
+                    r,
+                    "time sync cannot be disabled in both v1alpha1 and new-style configuration",
+                );
+            } else if !items(v1, "machine.time.servers").is_empty() {
+                f.error(
+                    "machine.time.servers",
+                    r,
+                    "time servers cannot be specified in both v1alpha1 and new-style configuration",
+                );
+            } else if at(v1, "machine.time.bootTimeout")
+                .and_then(kinds::go_duration)
+                .is_some_and(|n| n != 0)
+            {
+                f.error(
+                    "machine.time.bootTimeout",
+                    r,
+                    "boot timeout cannot be specified in both v1alpha1 and new-style configuration",
+                );
+            }
+        }
+        "KubeSpanConfig" if at(v1, "machine.network.kubespan").is_some() => {
+            f.error(
+                "machine.network.kubespan",
+                "pkg/machinery/config/types/network/kubespan.go",
+                "kubespan is already configured in v1alpha1 machine.network.kubespan; the KubeSpanConfig document replaces it",
+            );
+        }
+        "VolumeConfig" => {
+            let name = text(d, "name");
+            let encrypted = !(matches!(text(d, "encryption.provider"), "" | "none")
+                && items(d, "encryption.keys").is_empty());
+            if matches!(name, "STATE" | "EPHEMERAL") && encrypted {
+                let label = name.to_ascii_lowercase();
+                if at(v1, &format!("machine.systemDiskEncryption.{label}")).is_some() {
+                    f.error(
+                        &format!("machine.systemDiskEncryption.{label}"),
+                        "pkg/machinery/config/types/block/volume_config.go",
+                        format!("system disk encryption for {name:?} is configured in both v1alpha1.Config and VolumeConfig"),
+                    );
+                }
+            }
+        }
+        _ => {}
     }
 }
 

@@ -1,7 +1,8 @@
 //! A store that fails: an implementation of every store port of `plinth::service::ports`. Each
 //! call goes to the real store it wraps until the test breaks that call's port, then fails with
 //! `StoreError::Backend`, as a lost database connection does. `BrokenStore::dead()` wraps no store:
-//! every call fails from the start. Healing a port makes it answer again.
+//! every call fails from the start. The lease port can also be stalled (its calls wait, as on a
+//! database that stopped answering, until healed). Healing a port makes it answer again.
 
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicU16, Ordering};
@@ -12,6 +13,9 @@ use chrono::{DateTime, Utc};
 use plinth::domain::{LifecycleState, MacAddr, Machine, MachineId, MachineRef, UniqueKey};
 use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
+};
+use plinth::service::ports::upgrades::{
+    NodeStep, Rollout, RolloutEnd, RolloutNode, RolloutState, UpgradeStore,
 };
 use plinth::service::ports::{
     Approval, BmcCapabilityStore, CapabilityRecord, CircuitPin, ClientFacts, ClusterRecord,
@@ -34,10 +38,11 @@ pub enum Port {
     Reinstalls,
     Health,
     Talos,
+    Upgrades,
 }
 
 impl Port {
-    pub const ALL: [Port; 9] = [
+    pub const ALL: [Port; 10] = [
         Port::Machines,
         Port::Events,
         Port::Tokens,
@@ -47,6 +52,7 @@ impl Port {
         Port::Reinstalls,
         Port::Health,
         Port::Talos,
+        Port::Upgrades,
     ];
 
     fn bit(self) -> u16 {
@@ -58,6 +64,9 @@ impl Port {
 pub struct BrokenStore {
     inner: Option<Stores>,
     broken: AtomicU16,
+    /// The lease port's calls wait (until `heal`).
+    stalled: std::sync::atomic::AtomicBool,
+    healed: tokio::sync::Notify,
 }
 
 impl BrokenStore {
@@ -66,6 +75,8 @@ impl BrokenStore {
         Arc::new(BrokenStore {
             inner: None,
             broken: AtomicU16::new(u16::MAX),
+            stalled: Default::default(),
+            healed: Default::default(),
         })
     }
 
@@ -74,6 +85,8 @@ impl BrokenStore {
         Arc::new(BrokenStore {
             inner: Some(inner),
             broken: AtomicU16::new(0),
+            stalled: Default::default(),
+            healed: Default::default(),
         })
     }
 
@@ -89,9 +102,28 @@ impl BrokenStore {
         }
     }
 
+    /// From now on every call of the lease port waits, until `heal`.
+    pub fn stall_leases(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
+    }
+
     /// Every port answers again (through the wrapped store).
     pub fn heal(&self) {
         self.broken.store(0, Ordering::SeqCst);
+        self.stalled.store(false, Ordering::SeqCst);
+        self.healed.notify_waiters();
+    }
+
+    /// The lease port: waits while stalled, then as `port`.
+    async fn leases(&self) -> Result<&Stores, StoreError> {
+        loop {
+            let healed = self.healed.notified();
+            if !self.stalled.load(Ordering::SeqCst) {
+                break;
+            }
+            healed.await;
+        }
+        self.port(Port::Leases)
     }
 
     /// The wrapped store, or the fault.
@@ -269,7 +301,7 @@ impl TokenStore for BrokenStore {
 #[async_trait]
 impl LeaseStore for BrokenStore {
     async fn claim_lease(&self, claim: &LeaseClaim) -> Result<bool, StoreError> {
-        self.port(Port::Leases)?.leases.claim_lease(claim).await
+        self.leases().await?.leases.claim_lease(claim).await
     }
 
     fn is_shared(&self) -> bool {
@@ -277,14 +309,11 @@ impl LeaseStore for BrokenStore {
     }
 
     async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
-        self.port(Port::Leases)?.leases.lease_by_ip(ip).await
+        self.leases().await?.leases.lease_by_ip(ip).await
     }
 
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
-        self.port(Port::Leases)?
-            .leases
-            .lease_by_mac(subnet, mac)
-            .await
+        self.leases().await?.leases.lease_by_mac(subnet, mac).await
     }
 
     async fn end_lease(
@@ -295,27 +324,25 @@ impl LeaseStore for BrokenStore {
         expires_ms: i64,
         now_ms: i64,
     ) -> Result<bool, StoreError> {
-        let s = self.port(Port::Leases)?;
+        let s = self.leases().await?;
         s.leases.end_lease(ip, mac, state, expires_ms, now_ms).await
     }
 
     async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<Ipv4Addr>, StoreError> {
-        self.port(Port::Leases)?
-            .leases
-            .busy_ips(subnet, now_ms)
-            .await
+        self.leases().await?.leases.busy_ips(subnet, now_ms).await
     }
 
     async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
-        self.port(Port::Leases)?.leases.leases_of_mac(mac).await
+        self.leases().await?.leases.leases_of_mac(mac).await
     }
 
     async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError> {
-        self.port(Port::Leases)?.leases.reservation(mac).await
+        self.leases().await?.leases.reservation(mac).await
     }
 
     async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError> {
-        self.port(Port::Leases)?
+        self.leases()
+            .await?
             .leases
             .reserved_for_other(ip, mac)
             .await
@@ -327,7 +354,7 @@ impl LeaseStore for BrokenStore {
         mac: MacAddr,
         ips: [Option<Ipv4Addr>; 2],
     ) -> Result<ClientFacts, StoreError> {
-        let s = self.port(Port::Leases)?;
+        let s = self.leases().await?;
         s.leases.client_facts(subnet, mac, ips).await
     }
     async fn pin_circuit(
@@ -335,20 +362,18 @@ impl LeaseStore for BrokenStore {
         machine: MachineId,
         pin: &CircuitPin,
     ) -> Result<CircuitPin, StoreError> {
-        self.port(Port::Leases)?
-            .leases
-            .pin_circuit(machine, pin)
-            .await
+        self.leases().await?.leases.pin_circuit(machine, pin).await
     }
     async fn circuit_pin(&self, machine: MachineId) -> Result<Option<CircuitPin>, StoreError> {
-        self.port(Port::Leases)?.leases.circuit_pin(machine).await
+        self.leases().await?.leases.circuit_pin(machine).await
     }
     async fn set_circuit_pin(
         &self,
         machine: MachineId,
         pin: Option<&CircuitPin>,
     ) -> Result<(), StoreError> {
-        self.port(Port::Leases)?
+        self.leases()
+            .await?
             .leases
             .set_circuit_pin(machine, pin)
             .await
@@ -535,6 +560,11 @@ impl StoreHealth for BrokenStore {
     async fn migration_gap(&self) -> Result<plinth::service::ports::MigrationGap, StoreError> {
         self.port(Port::Health)?.health.migration_gap().await
     }
+    fn observe_commits(&self, observer: Arc<dyn plinth::service::ports::CommitObserver>) {
+        if let Some(s) = &self.inner {
+            s.health.observe_commits(observer);
+        }
+    }
 }
 
 #[async_trait]
@@ -619,5 +649,112 @@ impl TalosStateStore for BrokenStore {
         cluster: &str,
     ) -> Result<Option<(String, DateTime<Utc>)>, StoreError> {
         self.port(Port::Talos)?.talos.cluster_health(cluster).await
+    }
+}
+
+#[async_trait]
+impl UpgradeStore for BrokenStore {
+    async fn create_rollout(
+        &self,
+        r: &Rollout,
+        nodes: &[RolloutNode],
+        event: &NewEvent,
+    ) -> Result<Option<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .create_rollout(r, nodes, event)
+            .await
+    }
+
+    async fn rollout(&self, id: Uuid) -> Result<Option<(Rollout, Vec<RolloutNode>)>, StoreError> {
+        self.port(Port::Upgrades)?.upgrades.rollout(id).await
+    }
+
+    async fn latest_rollout(
+        &self,
+        cluster: &str,
+    ) -> Result<Option<(Rollout, Vec<RolloutNode>)>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .latest_rollout(cluster)
+            .await
+    }
+
+    async fn active_rollouts(&self) -> Result<Vec<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?.upgrades.active_rollouts().await
+    }
+
+    async fn claim_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .claim_rollout(id, owner, now, until)
+            .await
+    }
+
+    async fn renew_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .renew_rollout(id, owner, until)
+            .await
+    }
+
+    async fn release_rollout(&self, id: Uuid, owner: &str) -> Result<(), StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .release_rollout(id, owner)
+            .await
+    }
+
+    async fn advance_node(
+        &self,
+        id: Uuid,
+        owner: &str,
+        node: &RolloutNode,
+        from: NodeStep,
+        event: Option<&NewEvent>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .advance_node(id, owner, node, from, event)
+            .await
+    }
+
+    async fn set_rollout_state(
+        &self,
+        id: Uuid,
+        from: &[RolloutState],
+        to: RolloutState,
+        note: Option<&str>,
+        at: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<Option<Rollout>, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .set_rollout_state(id, from, to, note, at, event)
+            .await
+    }
+
+    async fn end_rollout(
+        &self,
+        id: Uuid,
+        owner: &str,
+        end: &RolloutEnd,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Upgrades)?
+            .upgrades
+            .end_rollout(id, owner, end, event)
+            .await
     }
 }

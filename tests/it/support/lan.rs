@@ -110,6 +110,32 @@ impl Lan {
         h
     }
 
+    /// Plug `host` (a namespace of another segment) into this one too, as interface `ifname`
+    /// with `addrs`. The veth goes with the namespaces on drop.
+    pub fn plug(&mut self, host: &Host, ifname: &str, addrs: &[&str]) {
+        let port = format!("x{}", self.hosts.len());
+        ip(&[
+            "link",
+            "add",
+            ifname,
+            "netns",
+            &host.ns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            &self.switch,
+        ]);
+        ip(&["-n", &self.switch, "link", "set", &port, "master", "br0"]);
+        ip(&["-n", &self.switch, "link", "set", &port, "up"]);
+        for a in addrs {
+            ip(&["-n", &host.ns, "addr", "add", a, "dev", ifname]);
+        }
+        ip(&["-n", &host.ns, "link", "set", ifname, "up"]);
+    }
+
     /// A command that runs inside `host`'s namespace.
     pub fn cmd(&self, host: &Host, program: &str) -> Command {
         let mut c = Command::new("ip");

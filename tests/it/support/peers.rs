@@ -65,7 +65,8 @@ pub fn start_plinth(lan: &mut Lan, host: &Host, dir: &Path, db_url: &str, dhcp: 
     }
 }
 
-/// `GET /metrics` from inside the namespace; the `plinth_dhcp_*` samples by full name with labels.
+/// `GET /metrics` from inside the namespace; the `plinth_dhcp_*`, `plinth_store_commit*` and
+/// `plinth_ra_*` samples by full name with labels.
 pub fn metrics(lan: &Lan, p: &Plinth) -> HashMap<String, f64> {
     let out = lan
         .cmd(&p.host, "curl")
@@ -80,7 +81,11 @@ pub fn metrics(lan: &Lan, p: &Plinth) -> HashMap<String, f64> {
     assert!(out.status.success(), "GET /metrics failed");
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .filter(|l| l.starts_with("plinth_dhcp_"))
+        .filter(|l| {
+            ["plinth_dhcp_", "plinth_store_commit", "plinth_ra_"]
+                .iter()
+                .any(|p| l.starts_with(p))
+        })
         .filter_map(|l| {
             let (k, v) = l.rsplit_once(' ')?;
             Some((k.to_string(), v.parse().ok()?))

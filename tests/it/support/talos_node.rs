@@ -16,6 +16,18 @@
 //! - `ServiceList`, `EtcdMemberList`, `EtcdStatus` and `ClusterService.HealthCheck` answer from
 //!   the state of an etcd cluster shared by the nodes of one test (control planes join it once it
 //!   is bootstrapped, as Talos' etcd service does);
+//! - upgrades as Talos does them (see `Api::upgrade` and the lifecycle service): before 1.13
+//!   `MachineService.Upgrade` pulls and checks the installer, on a control plane refuses unless
+//!   every etcd member is healthy (and there are not two), acknowledges, then installs and
+//!   reboots by itself; from 1.13 `ImageService.Pull` + `LifecycleService.Upgrade` (progress
+//!   lines, an exit code, the image must have been pulled, no reboot) + `MachineService.Reboot`
+//!   (nodes before 1.13 answer UNIMPLEMENTED there, as they do not serve those services). A
+//!   reboot takes the node down for `reboot_ms` (connections refused, its etcd member down,
+//!   leadership moves), then it comes back with a new boot id (`Read` of
+//!   `/proc/sys/kernel/random/boot_id`) on the new version; an upgrade fault makes the installer
+//!   fail, the node never come back, come back on its previous version (Talos' A/B fallback) or
+//!   with an unhealthy kubelet. The shared `ClusterState` records every node going down and
+//!   coming up, and the most control planes down at once;
 //! - faults on demand: an error status or a delay for the next N calls of a method.
 //!
 //! Run in-process (`TalosNode::start`) on loopback addresses, or as a process of its own (the test
@@ -46,6 +58,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Response, Status};
 
 use cluster::cluster_service_server::{ClusterService, ClusterServiceServer};
+use machine::image_service_server::{ImageService, ImageServiceServer};
+use machine::lifecycle_service_server::{LifecycleService, LifecycleServiceServer};
 use machine::machine_service_server::{MachineService, MachineServiceServer};
 
 /// Names a JSON [`ProcessSpec`] when the test binary is re-executed as a node (through
@@ -57,7 +71,13 @@ fn allowed(method: &str) -> &'static [&'static str] {
     const READ: &[&str] = &["os:admin", "os:operator", "os:reader"];
     const ETCD_READ: &[&str] = &["os:admin", "os:operator", "os:reader", "os:etcd:backup"];
     match method {
-        "/machine.MachineService/Bootstrap" => &["os:admin"],
+        "/machine.MachineService/Bootstrap"
+        | "/machine.MachineService/Upgrade"
+        | "/machine.MachineService/Read"
+        | "/machine.LifecycleService/Upgrade" => &["os:admin"],
+        "/machine.MachineService/Reboot" | "/machine.ImageService/Pull" => {
+            &["os:admin", "os:operator"]
+        }
         "/machine.MachineService/EtcdMemberList" | "/machine.MachineService/EtcdStatus" => {
             ETCD_READ
         }
@@ -150,6 +170,12 @@ pub struct ClusterState {
     pub nodes: HashMap<IpAddr, (bool, String)>,
     /// The OS CA key a control plane's trustd signs workers' certificates with.
     pub trustd_key: Option<String>,
+    /// Nodes down (rebooting), by address.
+    pub down: std::collections::HashSet<IpAddr>,
+    /// The most control planes down at one moment.
+    pub max_cps_down: usize,
+    /// Every node going down and coming up, in order: `down cp-1`, `up cp-1 v1.13.9`.
+    pub timeline: Vec<String>,
     next_id: u64,
 }
 
@@ -174,6 +200,8 @@ pub struct NodeRecord {
     pub bootstrap_refusals: Vec<String>,
     /// TLS handshakes refused (client not trusted).
     pub rejected_handshakes: u32,
+    /// Upgrade calls taken: (call, image).
+    pub upgrades: Vec<(String, String)>,
 }
 
 /// Options of a node.
@@ -195,6 +223,27 @@ pub struct NodeOptions {
     /// would sign its certificate with.
     #[serde(default)]
     pub trustd_key: Option<String>,
+    /// How long a reboot keeps the node down.
+    #[serde(default)]
+    pub reboot_ms: u64,
+    /// What goes wrong with an upgrade of this node.
+    #[serde(default)]
+    pub upgrade_fault: Option<UpgradeFault>,
+}
+
+/// What goes wrong with an upgrade.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpgradeFault {
+    /// The installer exits with this code (`LifecycleService.Upgrade`); before 1.13 the node
+    /// reboots on its old version, as Talos does when the install fails.
+    InstallerExit(i32),
+    /// The node goes down for its reboot and never comes back.
+    NeverBack,
+    /// The new version does not come up: the node comes back on its previous one.
+    Rollback,
+    /// The node comes back on the new version with kubelet unhealthy.
+    KubeletUnhealthy,
 }
 
 /// The OS CA key of a secrets bundle file (PEM), for [`NodeOptions::trustd_key`].
@@ -217,6 +266,20 @@ struct Node {
     faults: Mutex<HashMap<String, Fault>>,
     record: Mutex<NodeRecord>,
     started: Instant,
+    /// The version it runs now.
+    version: Mutex<String>,
+    /// This boot's id.
+    boot_id: Mutex<String>,
+    /// Down (rebooting, or never coming back).
+    down: std::sync::atomic::AtomicBool,
+    /// Images pulled into its system containerd.
+    pulled: Mutex<std::collections::HashSet<String>>,
+    /// The version installed into the other boot slot, booted at the next reboot.
+    staged: Mutex<Option<String>>,
+    /// An upgrade or install in progress.
+    installing: std::sync::atomic::AtomicBool,
+    /// The upgrade fault, settable while it runs.
+    upgrade_fault: Mutex<Option<UpgradeFault>>,
 }
 
 /// Roles of the TLS peer, put into each request by the connection.
@@ -261,6 +324,9 @@ impl Node {
             .expect("record")
             .calls
             .push((method.to_string(), roles.clone()));
+        if self.is_down() {
+            return Err(Status::unavailable("the node is rebooting"));
+        }
         if !roles.iter().any(|r| allowed(method).contains(&r.as_str())) {
             return Err(Status::permission_denied("not authorized"));
         }
@@ -289,6 +355,96 @@ impl Node {
 
     fn etcd_running(&self) -> bool {
         self.member_id.lock().expect("member").is_some()
+    }
+
+    fn is_down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn running_version(&self) -> String {
+        self.version.lock().expect("version").clone()
+    }
+
+    /// Talos 1.13 or later (serves the image and lifecycle services).
+    fn has_lifecycle(&self) -> bool {
+        plinth::service::upgrade::method_for(&self.running_version())
+            == plinth::service::ports::upgrades::UpgradeMethod::Lifecycle
+    }
+
+    /// The installer image's tag: the version it installs.
+    fn image_version(image: &str) -> Result<String, Status> {
+        let slash = image.rfind('/').map_or(0, |i| i + 1);
+        let tag = image[slash..]
+            .rsplit_once(':')
+            .map(|(_, t)| t.to_string())
+            .ok_or_else(|| Status::invalid_argument(format!("image {image} has no tag")))?;
+        tag.parse::<plinth::talos::TalosVersion>().map_err(|e| {
+            Status::invalid_argument(format!("error validating installer image {image:?}: {e}"))
+        })?;
+        Ok(tag)
+    }
+
+    /// Go down for a reboot, then come back on the staged version (or per the fault).
+    fn reboot(self: &Arc<Self>) {
+        let ms = self.opts.reboot_ms;
+        {
+            let mut c = self.cluster.lock().expect("cluster");
+            self.down.store(true, std::sync::atomic::Ordering::SeqCst);
+            c.nodes.remove(&self.ip);
+            c.down.insert(self.ip);
+            let cps_down = c
+                .down
+                .iter()
+                .filter(|ip| c.members.iter().any(|m| m.ip == **ip))
+                .count();
+            c.max_cps_down = c.max_cps_down.max(cps_down);
+            c.timeline.push(format!("down {}", self.cfg.hostname));
+            // etcd elects another leader when the leader goes.
+            let mine = *self.member_id.lock().expect("member");
+            if mine.is_some() && Some(c.leader) == mine {
+                let down = c.down.clone();
+                c.leader = c
+                    .members
+                    .iter()
+                    .find(|m| !down.contains(&m.ip))
+                    .map_or(0, |m| m.id);
+            }
+        }
+        let node = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            let fault = node.upgrade_fault.lock().expect("fault").clone();
+            if fault == Some(UpgradeFault::NeverBack)
+                && node.staged.lock().expect("staged").is_some()
+            {
+                return;
+            }
+            let staged = node.staged.lock().expect("staged").take();
+            if let Some(v) = staged {
+                if fault != Some(UpgradeFault::Rollback) {
+                    *node.version.lock().expect("version") = v;
+                }
+            }
+            *node.boot_id.lock().expect("boot") = uuid::Uuid::new_v4().to_string();
+            let mut c = node.cluster.lock().expect("cluster");
+            c.down.remove(&node.ip);
+            c.nodes.insert(
+                node.ip,
+                (node.cfg.is_control_plane(), node.cfg.hostname.clone()),
+            );
+            let mine = *node.member_id.lock().expect("member");
+            if let (Some(id), 0) = (mine, c.leader) {
+                c.leader = id;
+            }
+            c.timeline.push(format!(
+                "up {} {}",
+                node.cfg.hostname,
+                node.running_version()
+            ));
+            node.installing
+                .store(false, std::sync::atomic::Ordering::SeqCst);
+            node.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        });
     }
 }
 
@@ -478,7 +634,17 @@ impl MachineService for Api {
             });
             services.push(service("trustd", "Running", Some(true), ""));
         }
-        services.push(if bootstrapped {
+        let kubelet_broken = *n.upgrade_fault.lock().expect("fault")
+            == Some(UpgradeFault::KubeletUnhealthy)
+            && n.running_version() != n.cfg.version;
+        services.push(if kubelet_broken {
+            service(
+                "kubelet",
+                "Running",
+                Some(false),
+                "node not ready: PLEG is not healthy",
+            )
+        } else if bootstrapped {
             service("kubelet", "Running", Some(true), "")
         } else {
             service("kubelet", "Running", Some(false), "kubelet is not ready")
@@ -494,9 +660,106 @@ impl MachineService for Api {
 
     async fn upgrade(
         &self,
-        _req: Request<machine::UpgradeRequest>,
+        req: Request<machine::UpgradeRequest>,
     ) -> Result<Response<machine::UpgradeResponse>, Status> {
-        Err(Status::unimplemented("not served by the test node"))
+        let n = self.0.clone();
+        n.enter(&req, "/machine.MachineService/Upgrade").await?;
+        let r = req.into_inner();
+        // Talos pulls and validates the installer before anything else.
+        let target = Node::image_version(&r.image)?;
+        if n.cfg.is_control_plane() && !r.force && !r.preserve {
+            // etcd's ValidateForUpgrade, as machined runs it on a control plane.
+            let c = n.cluster.lock().expect("cluster");
+            if c.members.len() == 2 {
+                return Err(Status::unknown(format!(
+                    "error validating etcd for upgrade: etcd member count({}) is insufficient to maintain quorum if upgrade commences",
+                    c.members.len()
+                )));
+            }
+            if let Some(m) = c.members.iter().find(|m| c.down.contains(&m.ip)) {
+                return Err(Status::unknown(format!(
+                    "error validating etcd for upgrade: etcd member {:016x} is not healthy; all members must be healthy to perform an upgrade",
+                    m.id
+                )));
+            }
+        }
+        if n.installing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::failed_precondition(
+                "an upgrade is already in progress",
+            ));
+        }
+        n.record
+            .lock()
+            .expect("record")
+            .upgrades
+            .push(("MachineService.Upgrade".into(), r.image.clone()));
+        // The upgrade sequence runs after the answer: cordon, drain, install into the other
+        // slot, reboot.
+        let fault = n.upgrade_fault.lock().expect("fault").clone();
+        if !matches!(fault, Some(UpgradeFault::InstallerExit(_))) {
+            *n.staged.lock().expect("staged") = Some(target);
+        }
+        let node = n.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            node.reboot();
+        });
+        Ok(Response::new(machine::UpgradeResponse {
+            messages: vec![machine::Upgrade {
+                metadata: None,
+                ack: "Upgrade request received".into(),
+                actor_id: uuid::Uuid::new_v4().to_string(),
+            }],
+        }))
+    }
+
+    type ReadStream =
+        Pin<Box<dyn futures::Stream<Item = Result<common::Data, Status>> + Send + 'static>>;
+
+    async fn read(
+        &self,
+        req: Request<machine::ReadRequest>,
+    ) -> Result<Response<Self::ReadStream>, Status> {
+        let n = &self.0;
+        n.enter(&req, "/machine.MachineService/Read").await?;
+        let path = req.into_inner().path;
+        if path != "/proc/sys/kernel/random/boot_id" {
+            return Err(Status::not_found(format!(
+                "open {path}: no such file or directory"
+            )));
+        }
+        let id = format!("{}\n", n.boot_id.lock().expect("boot"));
+        let chunk = common::Data {
+            metadata: None,
+            bytes: id.into_bytes(),
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter(vec![Ok(
+            chunk,
+        )]))))
+    }
+
+    async fn reboot(
+        &self,
+        req: Request<machine::RebootRequest>,
+    ) -> Result<Response<machine::RebootResponse>, Status> {
+        let n = self.0.clone();
+        n.enter(&req, "/machine.MachineService/Reboot").await?;
+        n.record
+            .lock()
+            .expect("record")
+            .upgrades
+            .push(("MachineService.Reboot".into(), String::new()));
+        let node = n.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            node.reboot();
+        });
+        Ok(Response::new(machine::RebootResponse {
+            messages: vec![machine::Reboot {
+                metadata: None,
+                actor_id: uuid::Uuid::new_v4().to_string(),
+            }],
+        }))
     }
 
     async fn version(
@@ -505,11 +768,7 @@ impl MachineService for Api {
     ) -> Result<Response<machine::VersionResponse>, Status> {
         let n = &self.0;
         n.enter(&req, "/machine.MachineService/Version").await?;
-        let tag = n
-            .opts
-            .version
-            .clone()
-            .unwrap_or_else(|| n.cfg.version.clone());
+        let tag = n.running_version();
         Ok(Response::new(machine::VersionResponse {
             messages: vec![machine::Version {
                 metadata: None,
@@ -591,7 +850,9 @@ impl ClusterService for Api {
                     Box::new(move |c: &ClusterState| {
                         let missing: Vec<String> = cps2
                             .iter()
-                            .filter(|ip| !c.members.iter().any(|m| m.ip == **ip))
+                            .filter(|ip| {
+                                !c.members.iter().any(|m| m.ip == **ip) || c.down.contains(ip)
+                            })
                             .map(|ip| ip.to_string())
                             .collect();
                         if c.members.is_empty() || c.leader == 0 {
@@ -891,6 +1152,7 @@ impl TalosNode {
             .find(|i| !i.is_loopback())
             .or(ips.first().copied())
             .unwrap_or(addr.ip());
+        let (opts_version, opts_fault) = (opts.version.clone(), opts.upgrade_fault.clone());
         let node = Arc::new(Node {
             cfg: cfg.clone(),
             opts,
@@ -901,6 +1163,13 @@ impl TalosNode {
             faults: Mutex::default(),
             record: Mutex::default(),
             started: Instant::now(),
+            version: Mutex::new(opts_version.unwrap_or_else(|| cfg.version.clone())),
+            boot_id: Mutex::new(uuid::Uuid::new_v4().to_string()),
+            down: std::sync::atomic::AtomicBool::new(false),
+            pulled: Mutex::default(),
+            staged: Mutex::new(None),
+            installing: std::sync::atomic::AtomicBool::new(false),
+            upgrade_fault: Mutex::new(opts_fault),
         });
         cluster
             .lock()
@@ -917,6 +1186,11 @@ impl TalosNode {
                     _ = accept_stop.cancelled() => return,
                     r = listener.accept() => match r { Ok(x) => x, Err(_) => continue },
                 };
+                if accept_node.is_down() {
+                    // Rebooting: nothing listens.
+                    drop(tcp);
+                    continue;
+                }
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 let node = accept_node.clone();
@@ -955,6 +1229,8 @@ impl TalosNode {
         tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(MachineServiceServer::new(api.clone()))
+                .add_service(ImageServiceServer::new(api.clone()))
+                .add_service(LifecycleServiceServer::new(api.clone()))
                 .add_service(ClusterServiceServer::new(api))
                 .serve_with_incoming_shutdown(
                     tokio_stream::wrappers::ReceiverStream::new(rx),
@@ -1017,6 +1293,133 @@ impl TalosNode {
     /// TLS handshakes refused.
     pub fn rejected_handshakes(&self) -> u32 {
         self.node.record.lock().expect("record").rejected_handshakes
+    }
+
+    /// Upgrade calls taken: (call, image).
+    pub fn upgrades(&self) -> Vec<(String, String)> {
+        self.node.record.lock().expect("record").upgrades.clone()
+    }
+
+    /// The version it runs now.
+    pub fn version(&self) -> String {
+        self.node.running_version()
+    }
+
+    /// From now on, upgrades of this node go wrong this way (`None`: they go well).
+    pub fn set_upgrade_fault(&self, fault: Option<UpgradeFault>) {
+        *self.node.upgrade_fault.lock().expect("fault") = fault;
+    }
+}
+
+#[tonic::async_trait]
+impl ImageService for Api {
+    type PullStream = Pin<
+        Box<dyn futures::Stream<Item = Result<machine::ImageServicePullResponse, Status>> + Send>,
+    >;
+
+    async fn pull(
+        &self,
+        req: Request<machine::ImageServicePullRequest>,
+    ) -> Result<Response<Self::PullStream>, Status> {
+        let n = &self.0;
+        n.enter(&req, "/machine.ImageService/Pull").await?;
+        if !n.has_lifecycle() {
+            return Err(Status::unimplemented(
+                "unknown service machine.ImageService",
+            ));
+        }
+        let r = req.into_inner();
+        Node::image_version(&r.image_ref)?;
+        n.pulled.lock().expect("pulled").insert(r.image_ref.clone());
+        use machine::image_service_pull_response::Response as Pull;
+        let progress = machine::ImageServicePullResponse {
+            response: Some(Pull::PullProgress(machine::ImageServicePullProgress {
+                layer_id: "sha256:0123".into(),
+                progress: Some(machine::ImageServicePullLayerProgress {
+                    status: 3,
+                    offset: 1 << 20,
+                    total: 1 << 20,
+                }),
+            })),
+        };
+        let done = machine::ImageServicePullResponse {
+            response: Some(Pull::Name(r.image_ref)),
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter(vec![
+            Ok(progress),
+            Ok(done),
+        ]))))
+    }
+}
+
+#[tonic::async_trait]
+impl LifecycleService for Api {
+    type UpgradeStream = Pin<
+        Box<
+            dyn futures::Stream<Item = Result<machine::LifecycleServiceUpgradeResponse, Status>>
+                + Send,
+        >,
+    >;
+
+    async fn upgrade(
+        &self,
+        req: Request<machine::LifecycleServiceUpgradeRequest>,
+    ) -> Result<Response<Self::UpgradeStream>, Status> {
+        let n = self.0.clone();
+        n.enter(&req, "/machine.LifecycleService/Upgrade").await?;
+        if !n.has_lifecycle() {
+            return Err(Status::unimplemented(
+                "unknown service machine.LifecycleService",
+            ));
+        }
+        let image = req
+            .into_inner()
+            .source
+            .map(|s| s.image_name)
+            .unwrap_or_default();
+        if image.is_empty() {
+            return Err(Status::invalid_argument("installer image name is required"));
+        }
+        let target = Node::image_version(&image)?;
+        if !n.pulled.lock().expect("pulled").contains(&image) {
+            return Err(Status::internal(format!(
+                "upgrade failed: failed to get image {image:?}: image not found"
+            )));
+        }
+        if n.installing.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::failed_precondition(
+                "another installation/upgrade is already in progress",
+            ));
+        }
+        n.record
+            .lock()
+            .expect("record")
+            .upgrades
+            .push(("LifecycleService.Upgrade".into(), image.clone()));
+        let exit = match *n.upgrade_fault.lock().expect("fault") {
+            Some(UpgradeFault::InstallerExit(code)) => code,
+            _ => 0,
+        };
+        if exit == 0 {
+            *n.staged.lock().expect("staged") = Some(target);
+        }
+        n.installing
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        use machine::lifecycle_service_install_progress::Response as P;
+        let msg = |r: P| {
+            Ok(machine::LifecycleServiceUpgradeResponse {
+                progress: Some(machine::LifecycleServiceInstallProgress { response: Some(r) }),
+            })
+        };
+        Ok(Response::new(Box::pin(futures::stream::iter(vec![
+            msg(P::Message(format!("installing {image}"))),
+            msg(P::Message(if exit == 0 {
+                "upgrade of the boot slot done".into()
+            } else {
+                "error writing the boot partition".into()
+            })),
+            msg(P::ExitCode(exit)),
+        ]))))
     }
 }
 

@@ -216,6 +216,10 @@ mount -t proc proc /proc
 mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 say() { echo "plinth-vm: $*"; }
+# The kernel line this boot got, for the test to compare with what Plinth meant to give; kernel
+# messages are kept off the console first so none lands inside the line.
+dmesg -n 1
+echo "plinth-vm: cmdline<<$(cat /proc/cmdline)>>"
 off() { say "$*; powering off"; sync; poweroff -f; sleep 30; }
 idle() { say "$*; staying up"; while :; do sleep 3600; done; }
 # report STATUS FILE: POST the file with its SHA-256 and length to the test's listener.

@@ -321,20 +321,32 @@ pub fn serve(lab: &mut Lab, dir: &Path, cfg: &Path) -> PathBuf {
 
 /// `plinth image import` of the stand-in as the cluster's Talos version.
 pub fn import_image(cfg: &Path, image: &TalosStandIn) {
-    plinth_ok(&[
+    import_image_as(cfg, image, None);
+}
+
+/// Import the stand-in as the kernel and initramfs of `schematic` (default: the vanilla one).
+pub fn import_image_as(cfg: &Path, image: &TalosStandIn, schematic: Option<&str>) {
+    let cfg = cfg.display().to_string();
+    let kernel = image.kernel.display().to_string();
+    let initramfs = image.initramfs.display().to_string();
+    let mut args = vec![
         "image",
         "import",
         "--config",
-        &cfg.display().to_string(),
+        &cfg,
         "--version",
         TALOS,
         "--arch",
         "amd64",
         "--kernel",
-        &image.kernel.display().to_string(),
+        &kernel,
         "--initramfs",
-        &image.initramfs.display().to_string(),
-    ]);
+        &initramfs,
+    ];
+    if let Some(s) = schematic {
+        args.extend(["--schematic", s]);
+    }
+    plinth_ok(&args);
 }
 
 /// A reader of the server's SQLite database (WAL mode: beside the running server).
