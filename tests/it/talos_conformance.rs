@@ -1020,6 +1020,16 @@ const CASES: &[Case] = &[
         verdicts: [Error("kind"), Accepted, Accepted, Accepted],
     },
     Case {
+        name: "KubeAggregatorCAConfig whose certificate is not PEM",
+        talos: "pkg/machinery/config/types/k8s/aggregator_ca.go",
+        base: Base::ControlPlane,
+        patches: &[
+            "- op: remove\n  path: /cluster/aggregatorCA\n",
+            "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: not a certificate\n  key: not a key\n",
+        ],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.cert")],
+    },
+    Case {
         name: "a wrongly typed field",
         talos: SCHEMA,
         base: Base::ControlPlane,

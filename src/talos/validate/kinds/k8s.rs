@@ -248,18 +248,18 @@ fn pem(text: &str, label: &str) -> bool {
 
 /// A certificate and key pair (`meta.CertificateAndKey.Validate(true)`), as PEM text.
 fn cert_and_key(d: &mut Doc<'_, '_>, base: &str, what: &str) {
-    let crt = d.text(&format!("{base}.crt"));
+    let crt = d.text(&format!("{base}.cert"));
     let key = d.text(&format!("{base}.key"));
     if crt.is_empty() {
         d.err(
-            &format!("{base}.crt"),
+            &format!("{base}.cert"),
             format!("{what}: certificate is required"),
         );
     } else if key.is_empty() {
         d.err(&format!("{base}.key"), format!("{what}: key is required"));
     } else if !pem(crt, "CERTIFICATE") {
         d.err(
-            &format!("{base}.crt"),
+            &format!("{base}.cert"),
             format!("{what}: certificate: not a PEM CERTIFICATE block"),
         );
     } else if !key.contains("-----BEGIN ") {

@@ -558,13 +558,15 @@ fn registry_tls(d: &mut Doc<'_, '_>, ctx: &Ctx) {
     if !ca.is_empty() && !pem_block(ca, Some("CERTIFICATE")) {
         d.err("ca", "ca must be a valid PEM-encoded certificate");
     }
+    // `clientIdentity` is a meta.CertificateAndKey (`cert` and `key`, PEM text) in every release
+    // that has the document; 1.14 checks the PEM blocks, 1.12 and 1.13 load the pair.
     if d.at("clientIdentity").is_some() {
-        let crt = d.text("clientIdentity.crt");
+        let crt = d.text("clientIdentity.cert");
         let key = d.text("clientIdentity.key");
         if ctx.minor() >= 14 {
             if crt.is_empty() {
                 return d.err(
-                    "clientIdentity.crt",
+                    "clientIdentity.cert",
                     "client identity: certificate is required",
                 );
             }
@@ -572,24 +574,13 @@ fn registry_tls(d: &mut Doc<'_, '_>, ctx: &Ctx) {
                 return d.err("clientIdentity.key", "client identity: key is required");
             }
         }
-        let decoded = |s: &str| {
-            // 1.12 and 1.13 hold base64 of PEM; 1.14 holds PEM text (meta.CertificateAndKey).
-            if ctx.minor() >= 14 {
-                Some(s.to_string())
-            } else {
-                base64::engine::general_purpose::STANDARD
-                    .decode(s)
-                    .ok()
-                    .and_then(|b| String::from_utf8(b).ok())
-            }
-        };
-        if !decoded(crt).is_some_and(|c| pem_block(&c, Some("CERTIFICATE"))) {
+        if !pem_block(crt, Some("CERTIFICATE")) {
             d.err(
-                "clientIdentity.crt",
+                "clientIdentity.cert",
                 "client identity certificate is invalid",
             );
         }
-        if !decoded(key).is_some_and(|k| pem_block(&k, None)) {
+        if !pem_block(key, None) {
             d.err("clientIdentity.key", "client identity key is invalid");
         }
     }
