@@ -362,7 +362,16 @@ async fn install_vm(tag: &str, uefi: bool, image_door: bool, ipv6_ra: bool) {
         "{tag}: the VM's kernel line: {}?token=<redacted>",
         cmdline.split("?token=").next().unwrap_or_default()
     );
-    let config_url = cmdline.strip_prefix(EXPECTED_CMDLINE).unwrap_or_else(|| {
+    // iPXE's EFI loader starts an EFI-stub kernel's command line with the image's own name (as
+    // UEFI load options do); a BIOS boot gets the line alone.
+    let served = if uefi {
+        cmdline.strip_prefix("kernel-amd64 ").unwrap_or_else(|| {
+            panic!("UEFI iPXE's kernel line starts with the image name kernel-amd64: {cmdline}")
+        })
+    } else {
+        cmdline.as_str()
+    };
+    let config_url = served.strip_prefix(EXPECTED_CMDLINE).unwrap_or_else(|| {
         panic!("the VM's kernel line\n  {cmdline}\nis not\n  {EXPECTED_CMDLINE}<config URL>")
     });
     assert!(
