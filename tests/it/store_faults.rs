@@ -215,20 +215,24 @@ fn discover(relay: Ipv4Addr, mac: [u8; 6], xid: u32) -> Vec<u8> {
 
 /// `plinth_dhcp_dropped_total{reason="..."}` as `/metrics` reports it (0 when absent).
 async fn dropped(s: &TestServer, reason: &str) -> u64 {
-    let (_, text) = ask(s, Method::GET, "/metrics", None).await;
-    let label = format!("plinth_dhcp_dropped_total{{reason=\"{reason}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&label))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
+    metric(
+        s,
+        &format!("plinth_dhcp_dropped_total{{reason=\"{reason}\"}}"),
+    )
+    .await as u64
 }
 
-/// DHCP over a store whose lease port breaks: a DISCOVER answered while it is healthy gets no
-/// answer while it is broken, the drop counted as `store_error`; healed, DISCOVERs are answered
-/// again. The server listens on a free port on every address; the test is the relay, on an address
-/// of the loopback network of its own, where the server's answers (to the relay's port 67) land.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dhcp_is_silent_on_a_store_fault_and_counts_the_drop() {
+/// A server doing DHCP over a `BrokenStore` on a free port of every address, and the test as its
+/// relay agent: a socket on port 67 of an address of a loopback network of its own, where the
+/// server's answers land. Returns the server, the store's handle, the relay's socket, the server's
+/// address and the relay's.
+async fn dhcp_over_broken_store() -> (
+    TestServer,
+    Arc<BrokenStore>,
+    tokio::net::UdpSocket,
+    SocketAddr,
+    Ipv4Addr,
+) {
     let port = std::net::UdpSocket::bind("0.0.0.0:0")
         .and_then(|s| s.local_addr())
         .expect("free port")
@@ -253,6 +257,16 @@ async fn dhcp_is_silent_on_a_store_fault_and_counts_the_drop() {
         .await
         .expect("bind the relay's port 67 (needs root, like the other DHCP tests)");
     let server = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    (s, broken, agent, server, relay)
+}
+
+/// DHCP over a store whose lease port breaks: a DISCOVER answered while it is healthy gets no
+/// answer while it is broken, the drop counted as `store_error`; healed, DISCOVERs are answered
+/// again. The server listens on a free port on every address; the test is the relay, on an address
+/// of the loopback network of its own, where the server's answers (to the relay's port 67) land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dhcp_is_silent_on_a_store_fault_and_counts_the_drop() {
+    let (s, broken, agent, server, relay) = dhcp_over_broken_store().await;
     let answer = |xid: u32| {
         let agent = &agent;
         async move {
@@ -336,30 +350,7 @@ async fn metric(s: &TestServer, name: &str) -> f64 {
 /// keeps answering; healed, DISCOVERs are answered again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dhcp_over_a_stalled_store_times_out_counts_and_recovers() {
-    let port = std::net::UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.local_addr())
-        .expect("free port")
-        .port();
-    let net = uuid::Uuid::new_v4().as_bytes()[..2].to_vec();
-    let (a, b) = (100 + net[0] % 150, net[1]);
-    let relay = Ipv4Addr::new(127, a, b, 1);
-    let toml = format!(
-        "\n[dhcp]\nenabled = true\nport = {port}\nproxy_port = 0\nboot_url = \"http://127.0.0.1:8080\"\n\
-         [[dhcp.subnet]]\ncidr = \"127.{a}.{b}.0/24\"\nmode = \"authoritative\"\nserver_ip = \"192.0.2.1\"\n\
-         pool = [\"127.{a}.{b}.100-127.{a}.{b}.150\"]\nlease_seconds = 600\nrelay_agents = [\"127.{a}.{b}.1\"]\n"
-    );
-    let mut handle = None;
-    let s = TestServer::start_over(Backend::Sqlite, &toml, |real| {
-        let broken = BrokenStore::over(real);
-        handle = Some(broken.clone());
-        plinth::service::Stores::of(broken)
-    })
-    .await;
-    let broken: Arc<BrokenStore> = handle.expect("store");
-    let agent = tokio::net::UdpSocket::bind(SocketAddr::from((relay, 67)))
-        .await
-        .expect("bind the relay's port 67 (needs root, like the other DHCP tests)");
-    let server = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let (s, broken, agent, server, relay) = dhcp_over_broken_store().await;
 
     broken.stall_leases();
     for i in 0..3u8 {

@@ -9,13 +9,13 @@
 //! (`pkg/machinery/config/generate/{init,worker,kubernetes,block,security_profile,network}.go`)
 //! and its stability test data (`pkg/machinery/config/types/v1alpha1/testdata/stability/v1.14`).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
 use plinth::talos::MachineConfig;
+
+use crate::talos_configs::Cli;
 use serde_yaml_ng::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_plinth");
 const TALOS: &str = "v1.14.0-rc.1";
 
 /// The documents of a 1.14 worker, in Talos' order (`None` is the v1alpha1 document).
@@ -80,36 +80,7 @@ fn doc<'a>(cfg: &'a MachineConfig, kind: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {kind} document"))
 }
 
-struct Run {
-    config: PathBuf,
-}
-
-impl Run {
-    fn cmd(&self, args: &[&str]) -> (bool, String, String) {
-        let out = Command::new(BIN)
-            .env_remove("PLINTH_SECRET_KEY")
-            .env_remove("PLINTH_DATABASE_URL")
-            .env_remove("PLINTH_CONFIG")
-            .arg("--config")
-            .arg(&self.config)
-            .args(args)
-            .output()
-            .expect("plinth runs");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    fn ok(&self, args: &[&str]) -> (String, String) {
-        let (ok, out, err) = self.cmd(args);
-        assert!(ok, "plinth {args:?} failed:\n{err}\n{out}");
-        (out, err)
-    }
-}
-
-fn validate(run: &Run, dir: &Path, name: &str, yaml: &str) {
+fn validate(run: &Cli, dir: &Path, name: &str, yaml: &str) {
     let f = dir.join(name);
     std::fs::write(&f, yaml).expect("write");
     let (out, err) = run.ok(&[
@@ -138,7 +109,7 @@ fn a_talos_1_14_cluster_applies_renders_and_validates() {
         format!("data_dir = \"{}\"\n", d.join("data").display()),
     )
     .expect("config");
-    let run = Run { config };
+    let run = Cli { config };
     let secrets = d.join("bundle.yaml");
     run.ok(&[
         "cluster",

@@ -35,12 +35,13 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-struct Cli {
-    config: PathBuf,
+/// The CLI over one config file, with the environment's settings removed.
+pub(crate) struct Cli {
+    pub(crate) config: PathBuf,
 }
 
 impl Cli {
-    fn run(&self, args: &[&str]) -> (bool, String, String) {
+    pub(crate) fn run(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(BIN)
             .env_remove("PLINTH_SECRET_KEY")
             .env_remove("PLINTH_DATABASE_URL")
@@ -57,7 +58,7 @@ impl Cli {
         )
     }
 
-    fn ok(&self, args: &[&str]) -> (String, String) {
+    pub(crate) fn ok(&self, args: &[&str]) -> (String, String) {
         let (ok, out, err) = self.run(args);
         assert!(ok, "plinth {args:?} failed:\n{err}\n{out}");
         (out, err)

@@ -187,6 +187,26 @@ async fn library(db: &support::TestDb, extra: &str, instance: &str) -> Library {
     }
 }
 
+/// An admin token minted by the CLI over the database of `cfg`.
+fn admin_token(dir: &Path, cfg: &str) -> String {
+    let (code, token, err) = crate::cli::plinth(
+        dir,
+        &["--config", cfg, "token", "create", "--role", "admin"],
+        &[],
+    );
+    assert_eq!(code, 0, "{err}");
+    token.trim().to_string()
+}
+
+/// Apply the inventory directory `inv` through the library, as `plinth apply` does.
+async fn apply_lib(lib: &Library, inv: &Path) {
+    let declared = plinth::declare::load(inv).expect("directory loads");
+    let r = plinth::service::apply::apply(&lib.configs, &lib.inventory, declared, false, "test")
+        .await
+        .expect("apply");
+    assert!(r.errors.is_empty(), "{:?}", r.errors);
+}
+
 /// The lab's nodes, by name, sharing one etcd.
 struct Nodes {
     etcd: SharedCluster,
@@ -839,26 +859,10 @@ fn kill_9_mid_rollout_resumes_without_repeating_a_node() {
     };
     let mut srv = start();
     let lib = rt.block_on(library(&db, &extra, "test-library"));
-    let (code, token, err) = crate::cli::plinth(
-        db.dir.path(),
-        &["--config", &cfg, "token", "create", "--role", "admin"],
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    let token = token.trim().to_string();
+    let token = admin_token(db.dir.path(), &cfg);
     let tmp = tempfile::tempdir().expect("tmp");
     let inv = write_inventory(tmp.path(), 22, "  maxWorkersPerRack: 2\n");
-    let declared = plinth::declare::load(&inv).expect("directory loads");
-    let r = rt
-        .block_on(plinth::service::apply::apply(
-            &lib.configs,
-            &lib.inventory,
-            declared,
-            false,
-            "test",
-        ))
-        .expect("apply");
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    rt.block_on(apply_lib(&lib, &inv));
     let lab = rt.block_on(bring_up(&srv.base, &token, &lib, port, 22, 1500));
     rt.block_on(lib.upgrades.start("lab", "v1.13.9", None, "token:test"))
         .expect("start");
@@ -1004,26 +1008,10 @@ fn two_instances_never_run_two_rollouts() {
     let two = serve();
     let a = rt.block_on(library(&db, &extra, "instance-a"));
     let b = rt.block_on(library(&db, &extra, "instance-b"));
-    let (code, token, err) = crate::cli::plinth(
-        db.dir.path(),
-        &["--config", &cfg, "token", "create", "--role", "admin"],
-        &[],
-    );
-    assert_eq!(code, 0, "{err}");
-    let token = token.trim().to_string();
+    let token = admin_token(db.dir.path(), &cfg);
     let tmp = tempfile::tempdir().expect("tmp");
     let inv = write_inventory(tmp.path(), 23, "  maxWorkersPerRack: 1\n");
-    let declared = plinth::declare::load(&inv).expect("directory loads");
-    let r = rt
-        .block_on(plinth::service::apply::apply(
-            &a.configs,
-            &a.inventory,
-            declared,
-            false,
-            "test",
-        ))
-        .expect("apply");
-    assert!(r.errors.is_empty(), "{:?}", r.errors);
+    rt.block_on(apply_lib(&a, &inv));
     let lab = rt.block_on(bring_up(&one.base, &token, &a, port, 23, 300));
 
     let (ra, rb) = rt.block_on(async {
