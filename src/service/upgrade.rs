@@ -738,6 +738,15 @@ impl Upgrades {
         }
     }
 
+    /// The cluster's newest rollout, if it ever had one (`status` without the 404).
+    pub async fn latest(&self, cluster: &str) -> Result<Option<RolloutStatus>, ServiceError> {
+        Ok(self
+            .store
+            .latest_rollout(cluster)
+            .await?
+            .map(|(rollout, nodes)| RolloutStatus { rollout, nodes }))
+    }
+
     async fn change(
         &self,
         cluster: &str,

@@ -1357,3 +1357,224 @@ async fn expire_sessions(db: &TestDb) {
             .expect("expire");
     }
 }
+
+/// The texts of the steps each rollout row showed, recorded in the page as its rollout part
+/// changes (without a reload the record stays).
+const RECORD_STEPS: &str = "window.plinthPage = 'not reloaded';
+     window.plinthSteps = [];
+     const look = () => document.querySelectorAll('#rollout-nodes tr[data-node]').forEach(tr => {
+       const s = tr.dataset.node + ' ' + tr.dataset.step;
+       const mine = window.plinthSteps.filter(x => x.startsWith(tr.dataset.node + ' '));
+       if (mine[mine.length - 1] !== s) { window.plinthSteps.push(s); }
+     });
+     new MutationObserver(look).observe(document.getElementById('rollout'), {childList: true, subtree: true});
+     return true;";
+
+/// The newest event of `kind` (any machine).
+async fn newest(srv: &TestServer, kind: &str) -> Value {
+    api_get(srv, &format!("/api/v1/events?kind={kind}"))
+        .await
+        .as_array()
+        .and_then(|a| a.last().cloned())
+        .unwrap_or_else(|| panic!("no {kind} event"))
+}
+
+/// A rolling upgrade of the upgrade tests' lab (three control planes and four workers of Talos
+/// API stand-ins; w-3, in the last batch, never comes back from its reboot, so the rollout stays
+/// active until it is aborted) watched from the cluster's page: the rollout and its nodes'
+/// steps appear without a reload, an operator pauses it (and may not resume it), a viewer sees
+/// no action and its forged POSTs are refused, an admin resumes it from the keyboard on a phone
+/// and aborts it with the cluster's name typed; each action is an event naming the token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_upgrade_is_watched_live_and_paused_resumed_and_aborted_by_role() {
+    use crate::upgrades;
+    let port = free_port();
+    let extra = upgrades::extra(port);
+    let srv = TestServer::start_with(Backend::Sqlite, &extra).await;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let inv = upgrades::write_inventory(
+        tmp.path(),
+        31,
+        "  maxWorkersPerRack: 2\n  nodeTimeoutSeconds: 600\n",
+    );
+    crate::talos_configs::apply_dir(&srv, &extra, &inv).await;
+    let lib = upgrades::library(&srv.db, &extra, "test-library").await;
+    let lab = upgrades::bring_up(&srv.base, &srv.admin, &lib, port, 31, 2000).await;
+    lab.get("w-3")
+        .set_upgrade_fault(Some(crate::support::talos_node::UpgradeFault::NeverBack));
+
+    // The list: the declared cluster, its version and nodes, no rollout yet.
+    let b = Browser::signed_in(&srv, &srv.operator).await;
+    b.open(&srv, "/console/clusters").await;
+    let row = b.text("#clusters tr[data-cluster='lab']").await;
+    assert!(
+        row.contains("v1.12.11") && row.contains('7') && row.contains("none yet"),
+        "{row}"
+    );
+    // The cluster's page, open before the rollout starts: it appears, and its nodes' steps,
+    // without a reload.
+    b.open(&srv, "/console/clusters/lab").await;
+    assert!(b.text("#rollout").await.contains("No rolling upgrade"));
+    assert!(b.absent("#rollout-actions form").await);
+    b.el("#cluster-events[data-live]").await;
+    assert_eq!(b.js(RECORD_STEPS).await, json!(true));
+    lib.upgrades
+        .start("lab", "v1.13.9", None, "token:test-admin")
+        .await
+        .expect("start");
+    b.el("#rollout-nodes tr[data-node='cp-2'][data-step='done']")
+        .await;
+    b.el("#cluster-events li[data-kind='upgrade.node_done']")
+        .await;
+    b.shot("upgrade-live").await;
+    assert_eq!(b.js("return window.plinthPage;").await, "not reloaded");
+    let steps: Vec<String> = b
+        .js("return window.plinthSteps;")
+        .await
+        .as_array()
+        .expect("steps")
+        .iter()
+        .filter_map(|s| s.as_str())
+        .filter(|s| s.starts_with("cp-2 "))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        steps.contains(&"cp-2 rebooting".to_string())
+            && steps.last().map(String::as_str) == Some("cp-2 done"),
+        "cp-2's steps seen live: {steps:?}"
+    );
+    let order = b.texts("#rollout-nodes tr[data-node] td:nth-child(2) a").await;
+    assert_eq!(
+        order,
+        ["cp-2", "cp-3", "cp-1", "w-1", "w-2", "w-4", "w-3"],
+        "rollout order"
+    );
+    assert!(b.text("#rollout-target").await.contains("v1.13.9"));
+
+    // The operator pauses (the button came with the rollout, without a reload); resuming is
+    // for admins: no button, and a POST with the operator's own CSRF token is refused.
+    assert!(b.absent("#resume-upgrade").await && b.absent("#abort-upgrade").await);
+    b.press("Pause the rollout").await;
+    b.xpath("//dd[@id='rollout-state'][contains(., 'paused')]")
+        .await;
+    assert!(b.absent("#pause-upgrade").await && b.absent("#resume-upgrade").await);
+    b.shot("upgrade-paused").await;
+    let paused = newest(&srv, "upgrade.paused").await;
+    assert_eq!(paused["actor"], "token:test-operator", "{paused}");
+    let operator = b.session_cookie().await;
+    let operator_csrf = b.csrf().await;
+    let r = form_post(
+        &srv,
+        Some(&operator),
+        "/console/clusters/lab/upgrade/resume",
+        &format!("csrf={operator_csrf}"),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "operators do not resume");
+    b.finish().await;
+
+    // A viewer sees the rollout's state in words and no action; its forged POSTs are refused.
+    let b = Browser::signed_in(&srv, &srv.viewer).await;
+    b.open(&srv, "/console/clusters/lab").await;
+    assert!(b.text("#rollout-state").await.contains("paused"));
+    assert!(b.absent("#rollout-actions form").await && b.absent("main form").await);
+    b.shot("upgrade-viewer").await;
+    let viewer = b.session_cookie().await;
+    let viewer_csrf = b.csrf().await;
+    for (action, body) in [
+        ("resume", format!("csrf={viewer_csrf}")),
+        ("abort", format!("csrf={viewer_csrf}&confirm=lab")),
+        ("pause", format!("csrf={viewer_csrf}")),
+    ] {
+        let r = form_post(
+            &srv,
+            Some(&viewer),
+            &format!("/console/clusters/lab/upgrade/{action}"),
+            &body,
+        )
+        .await;
+        assert_eq!(r.status, StatusCode::FORBIDDEN, "a viewer's {action}");
+    }
+    b.finish().await;
+    assert_eq!(
+        upgrades::status(&srv.base, &srv.viewer).await["rollout"]["state"],
+        "paused"
+    );
+
+    // An admin on a phone, from the keyboard: the pages fit, states are words, Resume by Tab
+    // and Enter.
+    let b = Browser::signed_in(&srv, &srv.admin).await;
+    b.c().set_window_size(PHONE, 844).await.expect("resize");
+    for path in ["/console", "/console/clusters", "/console/clusters/lab"] {
+        b.open(&srv, path).await;
+        b.shot(&format!(
+            "phone-upgrade-{}",
+            path.trim_start_matches('/').replace('/', "-")
+        ))
+        .await;
+        assert!(b.fits().await, "{path} scrolls sideways at {PHONE} px");
+        let (coloured, only_colour) = b.states_only_in_colour().await;
+        assert!(only_colour.is_empty(), "{path}: {only_colour:?}");
+        assert!(coloured > 0, "{path} shows states");
+    }
+    assert!(b
+        .text("#clusters tr[data-cluster='lab']")
+        .await
+        .contains("paused"));
+    // Without the CSRF token, even an admin's session is refused.
+    let admin = b.session_cookie().await;
+    let r = form_post(
+        &srv,
+        Some(&admin),
+        "/console/clusters/lab/upgrade/abort",
+        "confirm=lab",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "no CSRF token");
+    assert!(b.tab_to("Resume the rollout").await, "reachable by Tab");
+    b.keys(&[Key::Enter]).await;
+    b.xpath("//dd[@id='rollout-state'][contains(., 'running')]")
+        .await;
+    assert_eq!(
+        newest(&srv, "upgrade.resumed").await["actor"],
+        "token:test-admin"
+    );
+    // w-3 goes down and never comes back: the page shows it rebooting, live.
+    b.c()
+        .wait()
+        .at_most(Duration::from_secs(120))
+        .for_element(Locator::Css(
+            "#rollout-nodes tr[data-node='w-3'][data-step='rebooting']",
+        ))
+        .await
+        .expect("w-3 rebooting on the page");
+    // Aborting without the typed name is refused and changes nothing; with it, the rollout
+    // ends, and the page says where it stopped and what was seen there.
+    b.click("#abort-upgrade button").await;
+    assert!(b.text("p.error").await.contains("type `lab`"));
+    assert_eq!(
+        upgrades::status(&srv.base, &srv.viewer).await["rollout"]["state"],
+        "running"
+    );
+    b.open(&srv, "/console/clusters/lab").await;
+    let form = b.el("#abort-upgrade").await;
+    fill(&form, &[("confirm", "lab")]).await;
+    b.click("#abort-upgrade button").await;
+    b.xpath("//dd[@id='rollout-state'][contains(., 'aborted')]")
+        .await;
+    let stopped = b.text("#rollout-stopped").await;
+    assert!(stopped.contains("w-3") && stopped.contains("aborted"), "{stopped}");
+    assert!(b.text("#rollout-error").await.contains("token:test-admin"));
+    assert!(b.absent("#rollout-actions form").await);
+    assert!(b.fits().await);
+    b.shot("phone-upgrade-aborted").await;
+    let s = upgrades::status(&srv.base, &srv.viewer).await;
+    assert_eq!(s["rollout"]["state"], "aborted", "{s}");
+    assert_eq!(
+        newest(&srv, "upgrade.aborted").await["actor"],
+        "token:test-admin"
+    );
+    b.finish().await;
+    drop(lab);
+    srv.finish().await;
+}

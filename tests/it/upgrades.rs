@@ -84,7 +84,7 @@ const LAB: [Spec; 7] = [
 ];
 
 /// The server's config: the engine ticks itself rarely (the upgrade driver has its own pace).
-fn extra(port: u16) -> String {
+pub(crate) fn extra(port: u16) -> String {
     format!(
         "[talos]\nschema_dir = \"{}\"\n[workflows]\ntick_seconds = 3600\ntalos_api_port = {port}\nhealth_seconds = 3600\n[upgrades]\npoll_seconds = 1\nlease_seconds = 3\n",
         schemas().display()
@@ -93,7 +93,7 @@ fn extra(port: u16) -> String {
 
 /// The inventory: cluster `lab` on v1.12.11 with its upgrade policy, seven machines (their
 /// Talos API answers on `127.0.{net}.0/24`, recorded when each install is verified).
-fn write_inventory(dir: &Path, net: u8, upgrade: &str) -> PathBuf {
+pub(crate) fn write_inventory(dir: &Path, net: u8, upgrade: &str) -> PathBuf {
     let inv = dir.join("inv");
     std::fs::create_dir_all(&inv).expect("mkdir");
     let secrets = dir.join("secrets.yaml");
@@ -146,14 +146,14 @@ impl SnapshotCheck for SnapshotTaken {
 }
 
 /// The library's use cases over a server's database (as `app` wires them).
-struct Library {
+pub(crate) struct Library {
     configs: plinth::service::ConfigService,
     inventory: plinth::service::Inventory,
     clusters: plinth::service::clusters::Clusters,
-    upgrades: plinth::service::Upgrades,
+    pub(crate) upgrades: plinth::service::Upgrades,
 }
 
-async fn library(db: &support::TestDb, extra: &str, instance: &str) -> Library {
+pub(crate) async fn library(db: &support::TestDb, extra: &str, instance: &str) -> Library {
     let cfg = support::config(db, extra);
     let store = plinth::app::open_store(&cfg, false).await.expect("store");
     let secrets = plinth::app::secret_box(&cfg).expect("key");
@@ -208,13 +208,13 @@ async fn apply_lib(lib: &Library, inv: &Path) {
 }
 
 /// The lab's nodes, by name, sharing one etcd.
-struct Nodes {
+pub(crate) struct Nodes {
     etcd: SharedCluster,
     nodes: Vec<(Spec, TalosNode)>,
 }
 
 impl Nodes {
-    fn get(&self, name: &str) -> &TalosNode {
+    pub(crate) fn get(&self, name: &str) -> &TalosNode {
         &self
             .nodes
             .iter()
@@ -236,7 +236,7 @@ impl Nodes {
 /// Talos API with the config Plinth renders for it, verify it there (as a reinstall's last stage
 /// does: its address is recorded), bootstrap etcd on cp-1 and wait until every member is
 /// healthy.
-async fn bring_up(
+pub(crate) async fn bring_up(
     base: &str,
     admin: &str,
     lib: &Library,
@@ -308,7 +308,7 @@ async fn bring_up(
     Nodes { etcd, nodes }
 }
 
-async fn status(base: &str, token: &str) -> Value {
+pub(crate) async fn status(base: &str, token: &str) -> Value {
     reqwest::Client::new()
         .get(format!("{base}/api/v1/clusters/lab/upgrade"))
         .bearer_auth(token)

@@ -12,6 +12,7 @@ const NAV: &[(&str, &str)] = &[
     ("/console", "Overview"),
     ("/console/racks", "Racks"),
     ("/console/machines", "Machines"),
+    ("/console/clusters", "Clusters"),
     ("/console/discovered", "Discovered"),
     ("/console/events", "Events"),
 ];

@@ -1,5 +1,6 @@
 //! The web console: server-rendered pages for the people on the datacenter floor (overview,
-//! racks, machines, one machine, the discovered queue, live events) and the actions a tech needs,
+//! racks, machines, one machine, the discovered queue, clusters and their rolling upgrades, live
+//! events) and the actions a tech needs,
 //! signed in with an API token (a server-side session; see `session`). Pages are HTML from `maud`
 //! templates; the stylesheet and the small script that follows the live event stream are
 //! embedded in the binary (`assets/`), nothing is loaded from elsewhere.
@@ -8,6 +9,7 @@
 //! store or another front door. Imports `domain`, `service` and the HTTP front door's shared parts.
 
 mod actions;
+mod clusters;
 mod layout;
 mod machine;
 mod pages;
@@ -50,6 +52,20 @@ pub fn routes() -> Router<AppState> {
             post(actions::cancel_reinstall),
         )
         .route("/console/machines/{id}/state", post(actions::set_state))
+        .route("/console/clusters", get(clusters::list))
+        .route("/console/clusters/{name}", get(clusters::page))
+        .route(
+            "/console/clusters/{name}/rollout",
+            get(clusters::rollout_fragment),
+        )
+        .route(
+            "/console/clusters/{name}/actions",
+            get(clusters::actions_fragment),
+        )
+        .route(
+            "/console/clusters/{name}/upgrade/{action}",
+            post(clusters::action),
+        )
         .route("/console/discovered", get(pages::discovered))
         .route("/console/events", get(pages::events))
         .route("/console/stream", get(pages::stream))

@@ -76,6 +76,7 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
     let pools = s.provisioning.pool_use().await?;
     let holds = s.provisioning.holds().await?;
     let images = s.provisioning.image_cache().await?;
+    let upgrades = super::clusters::live_table(&s).await?;
     let discovered = counts
         .iter()
         .find(|(st, _)| *st == LifecycleState::Discovered)
@@ -126,6 +127,10 @@ pub async fn overview(State(s): State<AppState>, who: Signed) -> Result<Markup, 
                     }
                 } }
             }
+        }
+        section aria-labelledby="h-upgrades" {
+            h2 #h-upgrades { "Rolling upgrades" }
+            (upgrades)
         }
         section aria-labelledby="h-holds" {
             h2 #h-holds { "Holds (" (holds.held.len() as i64 + discovered) ")" }
@@ -621,16 +626,22 @@ pub async fn events(
     Ok(layout::page(&who, "/console/events", "Events", body))
 }
 
+/// Is `e` about cluster `name` (its detail names the cluster, as every `upgrade.` event does)?
+pub fn of_cluster(e: &Event, name: &str) -> bool {
+    e.detail.get("cluster").and_then(|c| c.as_str()) == Some(name)
+}
+
 /// Stream filters.
 #[derive(Debug, Default, Deserialize)]
 pub struct StreamParams {
     machine: Option<String>,
     kind: Option<String>,
     rack: Option<String>,
+    cluster: Option<String>,
 }
 
 /// The event log as server-sent events for the console's script: each event's `data` is the
-/// event as JSON. Ends when the server stops, when the session signs out or expires, and when its
+/// event as JSON (filtered by machine, kind prefix, rack, or the cluster its detail names). Ends when the server stops, when the session signs out or expires, and when its
 /// token stops being live (checked every few seconds).
 pub async fn stream(
     State(s): State<AppState>,
@@ -645,6 +656,7 @@ pub async fn stream(
         Some(r) => Some(rack_members(&s, &r).await?),
         None => None,
     };
+    let cluster = nonempty(&p.cluster);
     let feed = s
         .events
         .follow(
@@ -663,7 +675,7 @@ pub async fn stream(
             let keep = match &members {
                 Some(ids) => e.machine_id.is_some_and(|m| ids.contains(&m)),
                 None => true,
-            };
+            } && cluster.as_deref().is_none_or(|c| of_cluster(e, c));
             async move { keep }
         })
         .map(|e| {
