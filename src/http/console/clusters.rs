@@ -91,32 +91,33 @@ fn phase(r: &RolloutStatus) -> String {
         }
         RolloutState::Running | RolloutState::Paused => {
             let flying: Vec<&_> = r.nodes.iter().filter(|n| n.step.in_flight()).collect();
-            let paused = if r.rollout.state == RolloutState::Paused {
-                "paused: "
-            } else {
-                ""
-            };
+            let paused = r.rollout.state == RolloutState::Paused;
             if let Some(first) = flying.first() {
                 format!(
-                    "{paused}{}, batch {} of {batches}: {} in flight",
+                    "{}, batch {} of {batches}: {} in flight{}",
                     part(first.batch),
                     first.batch + 1,
-                    names(NodeStep::in_flight).join(", ")
+                    names(NodeStep::in_flight).join(", "),
+                    if paused {
+                        " (it finishes; no further node starts)"
+                    } else {
+                        ""
+                    }
                 )
             } else if let Some(next) = r.nodes.iter().find(|n| n.step == NodeStep::Pending) {
-                let how = if paused.is_empty() {
-                    "about to start"
-                } else {
-                    "waits for resume"
-                };
                 format!(
-                    "{paused}next {}, batch {} of {batches} ({}) {how}",
+                    "next {}, batch {} of {batches} ({}) {}",
                     part(next.batch),
                     next.batch + 1,
-                    next.name
+                    next.name,
+                    if paused {
+                        "waits for resume"
+                    } else {
+                        "about to start"
+                    }
                 )
             } else {
-                format!("{paused}every node finished; the rollout ends")
+                "every node finished; the rollout ends".to_string()
             }
         }
     }
@@ -161,9 +162,11 @@ async fn rows(s: &AppState) -> Result<Vec<ClusterRow>, ConsoleError> {
 /// The cluster table (the list page and the overview's section); `data-active` while a rollout
 /// is running or paused, so the script polls.
 fn table(rows: &[ClusterRow]) -> Markup {
-    let active = rows
-        .iter()
-        .any(|c| c.rollout.as_ref().is_some_and(|r| r.rollout.state.is_active()));
+    let active = rows.iter().any(|c| {
+        c.rollout
+            .as_ref()
+            .is_some_and(|r| r.rollout.state.is_active())
+    });
     html! {
         div.fragment data-active=[active.then_some("1")] {
             @if rows.is_empty() {
@@ -516,5 +519,8 @@ pub async fn action(
         }
     }
     tracing::info!(cluster = %name, action = %what, actor = %actor, "console: upgrade rollout changed");
-    Ok(Redirect::to(&format!("/console/clusters/{}", urlpath(&name))))
+    Ok(Redirect::to(&format!(
+        "/console/clusters/{}",
+        urlpath(&name)
+    )))
 }
