@@ -146,14 +146,11 @@ async fn crud_with_versions_and_events(b: Backend) {
 
     // Events: who, what, before/after; never the password.
     let ev: Value = s
-        .req(
-            Method::GET,
+        .get_json(
             &format!("/api/v1/events?machine={id}&kind=machine."),
             &s.viewer,
         )
-        .answer()
-        .await
-        .json();
+        .await;
     let ev = ev.as_array().expect("array");
     assert_eq!(ev.len(), 3);
     assert_eq!(ev[0]["kind"], "machine.created");
@@ -193,14 +190,8 @@ async fn crud_with_versions_and_events(b: Backend) {
         .await
         .expect_status(StatusCode::NOT_FOUND);
     let ev: Value = s
-        .req(
-            Method::GET,
-            "/api/v1/events?kind=machine.deleted",
-            &s.viewer,
-        )
-        .answer()
-        .await
-        .json();
+        .get_json("/api/v1/events?kind=machine.deleted", &s.viewer)
+        .await;
     assert_eq!(ev.as_array().expect("array").len(), 1);
     // The MAC is free again.
     create(&s, &machine("node-2", "52:54:00:aa:00:01")).await;
@@ -342,11 +333,7 @@ async fn bad_input_names_the_field(b: Backend) {
         .await
         .expect_status(StatusCode::NOT_FOUND);
     // Nothing of the above was stored.
-    let page: Value = s
-        .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .answer()
-        .await
-        .json();
+    let page: Value = s.get_json("/api/v1/machines", &s.viewer).await;
     assert_eq!(page["total"], 0);
     s.finish().await;
 }
@@ -383,11 +370,7 @@ async fn tokens_and_roles(b: Backend) {
         .answer()
         .await
         .expect_status(StatusCode::OK);
-    let list: Value = s
-        .req(Method::GET, "/api/v1/tokens", &s.admin)
-        .answer()
-        .await
-        .json();
+    let list: Value = s.get_json("/api/v1/tokens", &s.admin).await;
     assert!(
         !list.to_string().contains(&secret),
         "secrets are never listed"
@@ -439,14 +422,11 @@ async fn list_filters_and_pages(b: Backend) {
     let mut cursor = String::new();
     for _ in 0..10 {
         let page: Value = s
-            .req(
-                Method::GET,
+            .get_json(
                 &format!("/api/v1/machines?limit=10&cursor={cursor}"),
                 &s.viewer,
             )
-            .answer()
-            .await
-            .json();
+            .await;
         assert_eq!(page["total"], 25);
         for m in page["items"].as_array().expect("items") {
             seen.push(m["hostname"].as_str().expect("host").to_string());
@@ -474,10 +454,8 @@ async fn list_filters_and_pages(b: Backend) {
         ("state=installed", 0),
     ] {
         let page: Value = s
-            .req(Method::GET, &format!("/api/v1/machines?{q}"), &s.viewer)
-            .answer()
-            .await
-            .json();
+            .get_json(&format!("/api/v1/machines?{q}"), &s.viewer)
+            .await;
         assert_eq!(page["total"], n, "{q}");
     }
     for q in [
@@ -488,14 +466,8 @@ async fn list_filters_and_pages(b: Backend) {
         "hostname=N05",
     ] {
         let m: Value = s
-            .req(
-                Method::GET,
-                &format!("/api/v1/machines/lookup?{q}"),
-                &s.viewer,
-            )
-            .answer()
-            .await
-            .json();
+            .get_json(&format!("/api/v1/machines/lookup?{q}"), &s.viewer)
+            .await;
         assert_eq!(m["hostname"], "n05", "{q}");
     }
     s.req(
@@ -561,11 +533,7 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
         ],
         "{e}"
     );
-    let page: Value = s
-        .req(Method::GET, "/api/v1/machines", &s.viewer)
-        .answer()
-        .await
-        .json();
+    let page: Value = s.get_json("/api/v1/machines", &s.viewer).await;
     assert_eq!(page["total"], 1, "nothing imported");
 
     let good = "hostname,mac,ipv4,role,rack,rack_unit,bmc_url,bmc_username,bmc_password\n\
@@ -580,11 +548,7 @@ async fn csv_import_is_all_or_nothing(b: Backend) {
         .expect_status(StatusCode::OK);
     let res: Value = r.json();
     assert_eq!(res["imported"], 2);
-    let w1: Value = s
-        .req(Method::GET, "/api/v1/machines/w1", &s.viewer)
-        .answer()
-        .await
-        .json();
+    let w1: Value = s.get_json("/api/v1/machines/w1", &s.viewer).await;
     assert_eq!(w1["bmc"]["has_password"], true);
     assert_eq!(w1["interfaces"][0]["boot"], true);
     let r = s
@@ -706,11 +670,7 @@ async fn secrets_are_encrypted_at_rest(b: Backend) {
     let _ = cfg;
     let all = format!("{}", m);
     assert!(!all.contains("Sup3r"));
-    let ev: Value = s
-        .req(Method::GET, "/api/v1/events", &s.admin)
-        .answer()
-        .await
-        .json();
+    let ev: Value = s.get_json("/api/v1/events", &s.admin).await;
     assert!(!ev.to_string().contains("Sup3r"));
     // The events table is append-only.
     let denied = match b {
@@ -771,10 +731,8 @@ async fn concurrent_edits_one_wins(b: Backend) {
     }
     assert_eq!(ok, 1, "exactly one edit of version 1 wins");
     let m: Value = s
-        .req(Method::GET, &format!("/api/v1/machines/{id}"), &s.viewer)
-        .answer()
-        .await
-        .json();
+        .get_json(&format!("/api/v1/machines/{id}"), &s.viewer)
+        .await;
     assert_eq!(m["version"], 2);
     s.finish().await;
 }
@@ -885,14 +843,11 @@ async fn lifecycle_transitions(b: Backend) {
     assert_eq!(e["error"]["fields"][0]["field"], "state");
     // Every change is an event.
     let ev: Value = s
-        .req(
-            Method::GET,
+        .get_json(
             &format!("/api/v1/events?machine={id}&kind=machine.state"),
             &s.viewer,
         )
-        .answer()
-        .await
-        .json();
+        .await;
     let tos: Vec<&str> = ev
         .as_array()
         .expect("arr")

@@ -339,7 +339,7 @@ async fn register(srv: &TestServer, body: Value) -> String {
 }
 
 async fn api_get(srv: &TestServer, path: &str) -> Value {
-    srv.req(Method::GET, path, &srv.admin).answer().await.json()
+    srv.get_json(path, &srv.admin).await
 }
 
 /// An operator's API POST that must succeed.

@@ -17,13 +17,7 @@ use crate::support::{self, Backend, TestServer};
 use crate::talos_configs::{apply_dir, boot_script, events, schemas, write_inventory};
 
 async fn get(srv: &TestServer, path: &str) -> Value {
-    srv.req(Method::GET, path, &srv.viewer)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json")
+    srv.get_json(path, &srv.viewer).await
 }
 
 async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
@@ -35,6 +29,21 @@ async fn post(srv: &TestServer, path: &str, body: Value) -> (StatusCode, Value) 
         .expect("post");
     let st = r.status();
     (st, r.json().await.unwrap_or(Value::Null))
+}
+
+/// `plinth ARGS` against `srv` with the viewer's token (and `env`): exit code, stdout, stderr.
+fn viewer_cli(
+    srv: &TestServer,
+    dir: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> (i32, String, String) {
+    let mut all = vec![
+        ("PLINTH_SERVER", srv.base.clone()),
+        ("PLINTH_TOKEN", srv.viewer.clone()),
+    ];
+    all.extend_from_slice(env);
+    crate::cli::plinth(dir, args, &all)
 }
 
 /// node-1 of `write_inventory`, ready; its id and its cluster's schematic.
@@ -127,14 +136,7 @@ async fn uncached_image_hold_names_the_pull_command(b: Backend) {
                 .is_some_and(|r| r.contains(&command))),
         "{tl}"
     );
-    let (code, out, err) = crate::cli::plinth(
-        tmp.path(),
-        &["machine", "timeline", "node-1"],
-        &[
-            ("PLINTH_SERVER", srv.base.clone()),
-            ("PLINTH_TOKEN", srv.viewer.clone()),
-        ],
-    );
+    let (code, out, err) = viewer_cli(&srv, tmp.path(), &["machine", "timeline", "node-1"], &[]);
     assert_eq!(code, 0, "{err}");
     assert!(out.contains(&command), "{out}");
 
@@ -152,15 +154,12 @@ async fn uncached_image_hold_names_the_pull_command(b: Backend) {
         st["power"].is_null() && st["power_error"].is_null(),
         "no BMC: {st}"
     );
-    let (code, out, err) = crate::cli::plinth(
+    // Wide enough that the table keeps the command on one line.
+    let (code, out, err) = viewer_cli(
+        &srv,
         tmp.path(),
         &["machine", "status", "node-1"],
-        &[
-            ("PLINTH_SERVER", srv.base.clone()),
-            ("PLINTH_TOKEN", srv.viewer.clone()),
-            // Wide enough that the table keeps the command on one line.
-            ("COLUMNS", "1000".into()),
-        ],
+        &[("COLUMNS", "1000".into())],
     );
     assert_eq!(code, 0, "{err}");
     for want in [

@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use support::{Backend, TestServer};
+use support::{Ask as _, Backend, TestServer};
 
 /// Send one raw request with `method` and read the answer's status line.
 fn raw_status(addr: &str, method: &str, path: &str) -> String {
@@ -31,13 +31,9 @@ fn raw_status(addr: &str, method: &str, path: &str) -> String {
 
 /// Series of `plinth_http_requests_total` in one scrape of `/metrics`.
 async fn request_series(srv: &TestServer) -> Vec<String> {
-    let text = reqwest::get(srv.url("/metrics"))
+    srv.metrics()
         .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
-    text.lines()
+        .lines()
         .filter(|l| l.starts_with("plinth_http_requests_total{"))
         .map(str::to_string)
         .collect()
@@ -104,19 +100,59 @@ async fn invented_methods_and_paths_do_not_grow_the_metrics() {
 
 /// Machines in `discovered`, as the API counts them.
 async fn discovered(srv: &TestServer) -> i64 {
-    let page: serde_json::Value = srv
-        .req(
-            reqwest::Method::GET,
-            "/api/v1/machines?state=discovered&limit=1",
-            &srv.viewer,
-        )
-        .send()
+    srv.get_json("/api/v1/machines?state=discovered&limit=1", &srv.viewer)
+        .await["total"]
+        .as_i64()
+        .expect("total")
+}
+
+/// A machine registered through the API by the operator: its id.
+async fn register(srv: &TestServer, body: serde_json::Value) -> String {
+    srv.req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
+        .json(&body)
+        .answer()
         .await
+        .expect_status(reqwest::StatusCode::CREATED)
+        .json()["id"]
+        .as_str()
+        .expect("id")
+        .to_string()
+}
+
+/// A client whose requests leave from `local` (a loopback address of the flood's network).
+fn client_from(local: &str) -> reqwest::Client {
+    reqwest::Client::builder()
+        .local_address(Some(local.parse().expect("ip")))
+        .build()
+        .expect("client")
+}
+
+/// GET each of `urls` with `client`, `at_once` at a time: the answers' statuses (0: no answer).
+async fn flood(client: &reqwest::Client, urls: Vec<String>, at_once: usize) -> Vec<u16> {
+    use futures::StreamExt;
+    futures::stream::iter(urls)
+        .map(|url| {
+            let c = client.clone();
+            async move {
+                c.get(url)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            }
+        })
+        .buffer_unordered(at_once)
+        .collect()
+        .await
+}
+
+/// The API's events of `query` (`machine=...&kind=...`), read by the viewer.
+async fn events(srv: &TestServer, query: &str) -> Vec<serde_json::Value> {
+    srv.get_json(&format!("/api/v1/events?{query}&limit=1000"), &srv.viewer)
+        .await
+        .as_array()
         .expect("list")
-        .json()
-        .await
-        .expect("json");
-    page["total"].as_i64().expect("total")
+        .clone()
 }
 
 /// Finding 6 (discovered machines): every boot request of an unknown MAC registered a machine
@@ -129,16 +165,14 @@ async fn a_random_mac_flood_registers_a_bounded_number_of_machines() {
     use futures::StreamExt;
     let srv = TestServer::start(Backend::Sqlite).await;
     let limits = plinth::service::provisioning::DiscoveryLimits::default();
-    let known = srv
-        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
-        .json(&serde_json::json!({
+    register(
+        &srv,
+        serde_json::json!({
             "hostname": "known-1",
             "interfaces": [{"mac": "52:54:00:0f:00:01", "boot": true}]
-        }))
-        .send()
-        .await
-        .expect("create");
-    assert_eq!(known.status(), 201, "{:?}", known.text().await);
+        }),
+    )
+    .await;
     let client = reqwest::Client::new();
     let started = std::time::Instant::now();
     let flood = futures::stream::iter(0..5000u32)
@@ -180,10 +214,7 @@ async fn a_random_mac_flood_registers_a_bounded_number_of_machines() {
         "{rows} machines discovered ({ok} answered 200) in {elapsed:?}; bound {bound}"
     );
     // Another source network is not starved by the flood's.
-    let other = reqwest::Client::builder()
-        .local_address(std::net::IpAddr::from([127, 0, 9, 1]))
-        .build()
-        .expect("client");
+    let other = client_from("127.0.9.1");
     let r = other
         .get(srv.url("/boot/machine.ipxe?mac=52-54-00-0f-00-02&buildarch=x86_64"))
         .send()
@@ -192,12 +223,7 @@ async fn a_random_mac_flood_registers_a_bounded_number_of_machines() {
     assert_eq!(r.status(), 200);
     assert_eq!(discovered(&srv).await, rows + 1);
     // The refusals are counted, not written as events.
-    let metrics = reqwest::get(srv.url("/metrics"))
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("text");
+    let metrics = srv.metrics().await;
     assert!(
         metrics.contains(&format!("plinth_discoveries_refused_total {deferred}")),
         "{}",
@@ -216,81 +242,35 @@ async fn a_random_mac_flood_registers_a_bounded_number_of_machines() {
 /// `suppressed`), another address gets its own, and the machine's timeline stays readable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_refused_config_fetches_writes_a_bounded_number_of_events() {
-    use futures::StreamExt;
     let srv = TestServer::start(Backend::Sqlite).await;
-    let m: serde_json::Value = srv
-        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
-        .json(&serde_json::json!({"hostname": "victim", "interfaces": [{"mac": "52:54:00:4f:00:09"}]}))
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("json");
-    let id = m["id"].as_str().expect("id").to_string();
-    let client_from = |local: &str| {
-        reqwest::Client::builder()
-            .local_address(Some(local.parse().expect("ip")))
-            .build()
-            .expect("client")
-    };
-    let flood = client_from("127.0.0.1");
-    let statuses: Vec<u16> = futures::stream::iter(0..600u32)
-        .map(|i| {
-            let url = srv.url(&format!("/config/{id}?token=guess-{i}&uuid=x"));
-            let c = flood.clone();
-            async move {
-                c.get(url)
-                    .send()
-                    .await
-                    .map(|r| r.status().as_u16())
-                    .unwrap_or(0)
-            }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
+    let id = register(
+        &srv,
+        serde_json::json!({"hostname": "victim", "interfaces": [{"mac": "52:54:00:4f:00:09"}]}),
+    )
+    .await;
+    let urls = (0..600u32)
+        .map(|i| srv.url(&format!("/config/{id}?token=guess-{i}&uuid=x")))
+        .collect();
+    let statuses = flood(&client_from("127.0.0.1"), urls, 32).await;
     assert!(statuses.iter().all(|s| *s == 404), "{statuses:?}");
-    let other = client_from("127.0.0.2")
-        .get(srv.url(&format!("/config/{id}?token=guess&uuid=x")))
-        .send()
-        .await
-        .expect("fetch");
-    assert_eq!(other.status().as_u16(), 404);
-    let events: serde_json::Value = srv
-        .req(
-            reqwest::Method::GET,
-            &format!("/api/v1/events?machine={id}&kind=config.refused&limit=1000"),
-            &srv.viewer,
-        )
-        .send()
-        .await
-        .expect("events")
-        .json()
-        .await
-        .expect("json");
-    let events = events.as_array().expect("list");
+    let other = srv.url(&format!("/config/{id}?token=guess&uuid=x"));
+    assert_eq!(
+        flood(&client_from("127.0.0.2"), vec![other], 1).await,
+        [404]
+    );
+    let events = events(&srv, &format!("machine={id}&kind=config.refused")).await;
     let mut from: Vec<&str> = events
         .iter()
         .filter_map(|e| e["detail"]["from"].as_str())
         .collect();
     from.sort();
     assert_eq!(from, ["127.0.0.1", "127.0.0.2"], "{events:?}");
-    for e in events {
+    for e in &events {
         assert_eq!(e["detail"]["reason"], "no open provisioning window", "{e}");
     }
-    let timeline: serde_json::Value = srv
-        .req(
-            reqwest::Method::GET,
-            &format!("/api/v1/machines/{id}/timeline"),
-            &srv.viewer,
-        )
-        .send()
-        .await
-        .expect("timeline")
-        .json()
-        .await
-        .expect("json");
+    let timeline = srv
+        .get_json(&format!("/api/v1/machines/{id}/timeline"), &srv.viewer)
+        .await;
     let steps = timeline.as_array().map_or(0, Vec::len);
     assert!(steps <= 5, "the timeline holds {steps} entries: {timeline}");
     srv.finish().await;
@@ -301,63 +281,17 @@ async fn a_flood_of_refused_config_fetches_writes_a_bounded_number_of_events() {
 /// write a burst of them (at most 10, and one more every 6 s); another address has its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_boot_script_requests_writes_a_bounded_number_of_events() {
-    use futures::StreamExt;
     let srv = TestServer::start(Backend::Sqlite).await;
-    let m: serde_json::Value = srv
-        .req(reqwest::Method::POST, "/api/v1/machines", &srv.operator)
-        .json(
-            &serde_json::json!({"hostname": "known", "interfaces": [{"mac": "52:54:00:4f:00:0a"}]}),
-        )
-        .send()
-        .await
-        .expect("create")
-        .json()
-        .await
-        .expect("json");
-    let id = m["id"].as_str().expect("id").to_string();
-    let client_from = |local: &str| {
-        reqwest::Client::builder()
-            .local_address(Some(local.parse().expect("ip")))
-            .build()
-            .expect("client")
-    };
+    let id = register(
+        &srv,
+        serde_json::json!({"hostname": "known", "interfaces": [{"mac": "52:54:00:4f:00:0a"}]}),
+    )
+    .await;
     let url = srv.url("/boot/machine.ipxe?mac=52-54-00-4f-00-0a&buildarch=x86_64&platform=efi");
-    let flood = client_from("127.0.0.1");
-    let statuses: Vec<u16> = futures::stream::iter(0..400u32)
-        .map(|_| {
-            let c = flood.clone();
-            let url = url.clone();
-            async move {
-                c.get(url)
-                    .send()
-                    .await
-                    .map(|r| r.status().as_u16())
-                    .unwrap_or(0)
-            }
-        })
-        .buffer_unordered(16)
-        .collect()
-        .await;
+    let statuses = flood(&client_from("127.0.0.1"), vec![url.clone(); 400], 16).await;
     assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
-    let other = client_from("127.0.0.2")
-        .get(&url)
-        .send()
-        .await
-        .expect("script");
-    assert_eq!(other.status().as_u16(), 200);
-    let events: serde_json::Value = srv
-        .req(
-            reqwest::Method::GET,
-            &format!("/api/v1/events?machine={id}&kind=boot.&limit=1000"),
-            &srv.viewer,
-        )
-        .send()
-        .await
-        .expect("events")
-        .json()
-        .await
-        .expect("json");
-    let events = events.as_array().expect("list");
+    assert_eq!(flood(&client_from("127.0.0.2"), vec![url], 1).await, [200]);
+    let events = events(&srv, &format!("machine={id}&kind=boot.")).await;
     let from = |ip: &str| {
         events
             .iter()

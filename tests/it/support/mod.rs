@@ -454,6 +454,19 @@ impl TestServer {
             .bearer_auth(token)
     }
 
+    /// `GET path` with `token`: the answer's JSON (panics naming the request when it is not).
+    pub async fn get_json(&self, path: &str, token: &str) -> Value {
+        self.req(reqwest::Method::GET, path, token)
+            .answer()
+            .await
+            .json()
+    }
+
+    /// `/metrics` as the scraper reads it (no token).
+    pub async fn metrics(&self) -> String {
+        self.client.get(self.url("/metrics")).answer().await.text
+    }
+
     /// A console session signed in with `token` as a browser does it: the sign-in form (its
     /// cookie and CSRF token), then the POST. The session's cookie pair (`plinth_session=...`).
     pub async fn console_session(&self, token: &str) -> String {
