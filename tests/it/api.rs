@@ -20,6 +20,19 @@ async fn create(s: &TestServer, body: &Value) -> Value {
     r.json()
 }
 
+/// `PATCH /api/v1/machines/{id}` as the operator, with `If-Match: version` when given.
+async fn edit(s: &TestServer, id: &str, version: Option<&str>, body: &Value) -> support::Answer {
+    let mut r = s.req(
+        Method::PATCH,
+        &format!("/api/v1/machines/{id}"),
+        &s.operator,
+    );
+    if let Some(v) = version {
+        r = r.header("If-Match", v);
+    }
+    r.json(body).answer().await
+}
+
 async fn crud_with_versions_and_events(b: Backend) {
     let s = TestServer::start(b).await;
     let body = json!({
@@ -66,37 +79,15 @@ async fn crud_with_versions_and_events(b: Backend) {
 
     // Edit without a version: 428. With a stale one: 412. With the right one: 200, version 2.
     let patch = json!({"rack": "r2", "bmc": {"username": "admin"}});
-    s.req(
-        Method::PATCH,
-        &format!("/api/v1/machines/{id}"),
-        &s.operator,
-    )
-    .json(&patch)
-    .answer()
-    .await
-    .expect_status(StatusCode::PRECONDITION_REQUIRED);
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .header("If-Match", "\"7\"")
-        .json(&patch)
-        .answer()
+    edit(&s, &id, None, &patch)
+        .await
+        .expect_status(StatusCode::PRECONDITION_REQUIRED);
+    let r = edit(&s, &id, Some("\"7\""), &patch)
         .await
         .expect_status(StatusCode::PRECONDITION_FAILED);
     let e: Value = r.json();
     assert_eq!(e["error"]["current_version"], 1);
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .header("If-Match", "\"1\"")
-        .json(&patch)
-        .answer()
+    let r = edit(&s, &id, Some("\"1\""), &patch)
         .await
         .expect_status(StatusCode::OK);
     assert_eq!(r.headers["etag"], "\"2\"");
@@ -109,36 +100,16 @@ async fn crud_with_versions_and_events(b: Backend) {
     );
     assert_eq!(m2["interfaces"], m["interfaces"], "untouched fields stay");
     // The same stale edit again (a second tech with the old version) loses nothing.
-    s.req(
-        Method::PATCH,
-        &format!("/api/v1/machines/{id}"),
-        &s.operator,
-    )
-    .header("If-Match", "\"1\"")
-    .json(&json!({"rack": "r9"}))
-    .answer()
-    .await
-    .expect_status(StatusCode::PRECONDITION_FAILED);
+    edit(&s, &id, Some("\"1\""), &json!({"rack": "r9"}))
+        .await
+        .expect_status(StatusCode::PRECONDITION_FAILED);
     // Version in the body works too; read-only fields may come back unchanged but not changed.
     let mut doc = m2.clone();
     doc["rack_unit"] = json!(13);
-    s.req(
-        Method::PATCH,
-        &format!("/api/v1/machines/{id}"),
-        &s.operator,
-    )
-    .json(&doc)
-    .answer()
-    .await
-    .expect_status(StatusCode::OK);
-    let r = s
-        .req(
-            Method::PATCH,
-            &format!("/api/v1/machines/{id}"),
-            &s.operator,
-        )
-        .json(&json!({"version": 3, "state": "installed"}))
-        .answer()
+    edit(&s, &id, None, &doc)
+        .await
+        .expect_status(StatusCode::OK);
+    let r = edit(&s, &id, None, &json!({"version": 3, "state": "installed"}))
         .await
         .expect_status(StatusCode::UNPROCESSABLE_ENTITY);
     let e: Value = r.json();
@@ -228,14 +199,13 @@ async fn conflicts_name_the_owner(b: Backend) {
     }
     // Editing another machine onto a taken MAC conflicts too.
     let b2 = create(&s, &machine("b", "52:54:00:00:00:0b")).await;
-    s.req(
-        Method::PATCH,
-        &format!("/api/v1/machines/{}", b2["id"].as_str().expect("id")),
-        &s.operator,
+    let b2 = b2["id"].as_str().expect("id");
+    edit(
+        &s,
+        b2,
+        Some("1"),
+        &json!({"interfaces": [{"mac": "52:54:00:00:00:0a"}]}),
     )
-    .header("If-Match", "1")
-    .json(&json!({"interfaces": [{"mac": "52:54:00:00:00:0a"}]}))
-    .answer()
     .await
     .expect_status(StatusCode::CONFLICT);
     s.finish().await;
@@ -326,10 +296,7 @@ async fn bad_input_names_the_field(b: Backend) {
         .await;
     let e: Value = r.json();
     assert_eq!(e["error"]["fields"][0]["field"], "state");
-    s.req(Method::PATCH, "/api/v1/machines/nothere", &s.operator)
-        .header("If-Match", "1")
-        .json(&json!({}))
-        .answer()
+    edit(&s, "nothere", Some("1"), &json!({}))
         .await
         .expect_status(StatusCode::NOT_FOUND);
     // Nothing of the above was stored.
@@ -643,26 +610,12 @@ async fn secrets_are_encrypted_at_rest(b: Backend) {
     )
     .await;
     // Raw column bytes hold no plaintext.
-    let raw: Vec<u8> = match b {
-        Backend::Sqlite => {
-            let mut c = <sqlx::SqliteConnection as sqlx::Connection>::connect(&s.db.url)
-                .await
-                .expect("connect");
-            sqlx::query_scalar("SELECT password_ciphertext FROM bmcs")
-                .fetch_one(&mut c)
-                .await
-                .expect("row")
-        }
-        Backend::Postgres => {
-            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&s.db.url)
-                .await
-                .expect("connect");
-            sqlx::query_scalar("SELECT password_ciphertext FROM bmcs")
-                .fetch_one(&mut c)
-                .await
-                .expect("row")
-        }
-    };
+    let raw: Vec<u8> = support::with_conn!(&s.db.url, |c| {
+        sqlx::query_scalar("SELECT password_ciphertext FROM bmcs")
+            .fetch_one(&mut c)
+            .await
+            .expect("row")
+    });
     assert!(raw.len() > 16);
     assert!(!raw.windows(6).any(|w| w == b"Sup3r-"), "ciphertext only");
     // The service decrypts it for the Redfish client.
@@ -673,34 +626,16 @@ async fn secrets_are_encrypted_at_rest(b: Backend) {
     let ev: Value = s.get_json("/api/v1/events", &s.admin).await;
     assert!(!ev.to_string().contains("Sup3r"));
     // The events table is append-only.
-    let denied = match b {
-        Backend::Sqlite => {
-            let mut c = <sqlx::SqliteConnection as sqlx::Connection>::connect(&s.db.url)
-                .await
-                .expect("connect");
-            sqlx::query("UPDATE events SET actor = 'mallory'")
+    let denied = support::with_conn!(&s.db.url, |c| {
+        sqlx::query("UPDATE events SET actor = 'mallory'")
+            .execute(&mut c)
+            .await
+            .is_err()
+            && sqlx::query("DELETE FROM events")
                 .execute(&mut c)
                 .await
                 .is_err()
-                && sqlx::query("DELETE FROM events")
-                    .execute(&mut c)
-                    .await
-                    .is_err()
-        }
-        Backend::Postgres => {
-            let mut c = <sqlx::PgConnection as sqlx::Connection>::connect(&s.db.url)
-                .await
-                .expect("connect");
-            sqlx::query("UPDATE events SET actor = 'mallory'")
-                .execute(&mut c)
-                .await
-                .is_err()
-                && sqlx::query("DELETE FROM events")
-                    .execute(&mut c)
-                    .await
-                    .is_err()
-        }
-    };
+    });
     assert!(denied, "events cannot be rewritten");
     s.finish().await;
 }

@@ -1338,24 +1338,14 @@ async fn assert_ends(mut stream: reqwest::Response, why: &str) {
 
 /// Move every console session's expiry into the past, as time would.
 async fn expire_sessions(db: &TestDb) {
-    use sqlx::Connection as _;
     let past = chrono::Utc::now() - chrono::Duration::minutes(1);
-    let sql = "UPDATE console_sessions SET expires_at = $1";
-    if db.url.starts_with("postgres") {
-        let mut c = sqlx::PgConnection::connect(&db.url).await.expect("db");
-        sqlx::query(sql)
+    support::with_conn!(&db.url, |c| {
+        sqlx::query("UPDATE console_sessions SET expires_at = $1")
             .bind(past)
             .execute(&mut c)
             .await
             .expect("expire");
-    } else {
-        let mut c = sqlx::SqliteConnection::connect(&db.url).await.expect("db");
-        sqlx::query(sql)
-            .bind(past)
-            .execute(&mut c)
-            .await
-            .expect("expire");
-    }
+    });
 }
 
 /// The texts of the steps each rollout row showed, recorded in the page as its rollout part

@@ -258,6 +258,26 @@ pub enum Backend {
     Postgres,
 }
 
+/// `$body` with `$c` a connection to the test database at `$url`, SQLite or PostgreSQL by the
+/// URL: the same SQL on both without writing the connection twice.
+macro_rules! with_conn {
+    ($url:expr, |$c:ident| $body:expr) => {{
+        let url: &str = $url;
+        if url.starts_with("postgres") {
+            let mut $c = <sqlx::PgConnection as sqlx::Connection>::connect(url)
+                .await
+                .expect("connect to the test database");
+            $body
+        } else {
+            let mut $c = <sqlx::SqliteConnection as sqlx::Connection>::connect(url)
+                .await
+                .expect("connect to the test database");
+            $body
+        }
+    }};
+}
+pub(crate) use with_conn;
+
 /// A fresh, empty database for one test.
 pub struct TestDb {
     pub url: String,
