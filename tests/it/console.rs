@@ -1527,6 +1527,13 @@ async fn a_rolling_upgrade_is_watched_live_and_paused_resumed_and_aborted_by_rol
     )
     .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN, "no CSRF token");
+    for path in ["/console/clusters/nope", "/console/clusters/nope/rollout"] {
+        assert_eq!(
+            page(&srv, &admin, path).await.status,
+            StatusCode::NOT_FOUND,
+            "{path}"
+        );
+    }
     assert!(b.tab_to("Resume the rollout").await, "reachable by Tab");
     b.keys(&[Key::Enter]).await;
     b.xpath("//dd[@id='rollout-state'][contains(., 'running')]")

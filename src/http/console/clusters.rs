@@ -462,14 +462,19 @@ fn urlpath(name: &str) -> String {
         .replace('+', "%20")
 }
 
+/// The declared cluster's newest rollout (404 for a cluster that is not declared).
+async fn latest_of(s: &AppState, name: &str) -> Result<Option<RolloutStatus>, ConsoleError> {
+    s.workflows.clusters().spec(name).await?;
+    Ok(s.upgrades.latest(name).await?)
+}
+
 /// The rollout part of the page alone (the script re-fetches it).
 pub async fn rollout_fragment(
     State(s): State<AppState>,
     _who: Signed,
     Path(name): Path<String>,
 ) -> Result<Response, ConsoleError> {
-    s.workflows.clusters().spec(&name).await?;
-    let latest = s.upgrades.latest(&name).await?;
+    let latest = latest_of(&s, &name).await?;
     Ok(fragment(rollout_part(&name, latest.as_ref())))
 }
 
@@ -480,8 +485,7 @@ pub async fn actions_fragment(
     who: Signed,
     Path(name): Path<String>,
 ) -> Result<Response, ConsoleError> {
-    s.workflows.clusters().spec(&name).await?;
-    let latest = s.upgrades.latest(&name).await?;
+    let latest = latest_of(&s, &name).await?;
     Ok(fragment(actions_part(&who, &name, latest.as_ref())))
 }
 
