@@ -259,7 +259,9 @@ pub enum Backend {
 }
 
 /// `$body` with `$c` a connection to the test database at `$url`, SQLite or PostgreSQL by the
-/// URL: the same SQL on both without writing the connection twice.
+/// URL: the same SQL on both without writing the connection twice. (The benches include this
+/// file and use none of it, hence the allows.)
+#[allow(unused_macros)]
 macro_rules! with_conn {
     ($url:expr, |$c:ident| $body:expr) => {{
         let url: &str = $url;
@@ -276,6 +278,7 @@ macro_rules! with_conn {
         }
     }};
 }
+#[allow(unused_imports)]
 pub(crate) use with_conn;
 
 /// A fresh, empty database for one test.
