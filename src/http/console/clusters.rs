@@ -528,3 +528,108 @@ pub async fn action(
         urlpath(&name)
     )))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::MachineId;
+    use crate::service::ports::upgrades::{Rollout, RolloutNode, UpgradeMethod};
+
+    fn node(name: &str, position: u32, batch: u32, role: Role, step: NodeStep) -> RolloutNode {
+        RolloutNode {
+            machine_id: MachineId::new(),
+            position,
+            batch,
+            name: name.into(),
+            role,
+            rack: Some("r1".into()),
+            address: "127.0.0.1".into(),
+            from_version: "v1.12.11".into(),
+            method: UpgradeMethod::Machine,
+            installer: "installer".into(),
+            step,
+            boot_id: None,
+            started_at: None,
+            deadline: None,
+            finished_at: None,
+            seen: None,
+        }
+    }
+
+    fn rollout(state: RolloutState, steps: [NodeStep; 3]) -> RolloutStatus {
+        let now = chrono::Utc::now();
+        RolloutStatus {
+            rollout: Rollout {
+                id: uuid::Uuid::new_v4(),
+                cluster: "lab".into(),
+                to_version: "v1.13.9".into(),
+                schematic_id: None,
+                installer: "installer".into(),
+                state,
+                requested_by: "token:alice".into(),
+                owner: None,
+                lease_until: None,
+                node_timeout_seconds: 1800,
+                max_workers_per_rack: 1,
+                snapshot: None,
+                created_at: now,
+                updated_at: now,
+                finished_at: None,
+                error: None,
+            },
+            nodes: vec![
+                node("cp-1", 0, 0, Role::ControlPlane, steps[0]),
+                node("w-1", 1, 1, Role::Worker, steps[1]),
+                node("w-2", 2, 1, Role::Worker, steps[2]),
+            ],
+        }
+    }
+
+    #[test]
+    fn the_phase_says_where_the_rollout_stands_in_words() {
+        use NodeStep::{Done, Pending, Rebooting, RolledBack, Skipped, Upgrading, Verifying};
+        use RolloutState as R;
+        let cases = [
+            (R::Running,
+                [Rebooting, Pending, Pending],
+                "control plane, batch 1 of 2: cp-1 (rebooting) in flight",
+            ),
+            (R::Paused,
+                [Done, Upgrading, Verifying],
+                "workers, batch 2 of 2: w-1 (upgrading), w-2 (verifying) in flight (it finishes; no further node starts)",
+            ),
+            (R::Running,
+                [Done, Pending, Pending],
+                "next workers, batch 2 of 2 (w-1) about to start",
+            ),
+            (R::Paused,
+                [Done, Pending, Pending],
+                "next workers, batch 2 of 2 (w-1) waits for resume",
+            ),
+            (R::Failed,
+                [Done, RolledBack, Done],
+                "stopped at w-1 (rolled back)",
+            ),
+            (R::Aborted, [Done, Pending, Pending], "stopped (aborted)"),
+            (R::Done, [Done, Skipped, Done], "finished: every node runs v1.13.9"),
+        ];
+        for (state, steps, want) in cases {
+            let r = rollout(state, steps);
+            assert_eq!(phase(&r), want, "{state} {steps:?}");
+        }
+        let r = rollout(R::Done, [Done, Skipped, Done]);
+        assert_eq!(
+            summary(&r),
+            "Rollout to v1.13.9 done: 3 of 3 nodes done; finished: every node runs v1.13.9"
+        );
+    }
+
+    #[test]
+    fn a_step_badge_says_the_step_in_words() {
+        let html = badge("rolled_back").into_string();
+        assert_eq!(
+            html,
+            r#"<span class="state st-rolled_back">rolled back</span>"#
+        );
+    }
+}
