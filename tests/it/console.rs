@@ -7,8 +7,9 @@
 //! a relay agent in network namespaces), starting a reinstall (the wipe needs the typed name) and
 //! cancelling it, why machines wait and the image cache on the overview, a viewer who sees no
 //! action and whose POSTs are refused, a missing or forged CSRF token refused, sign-out ending
-//! the session (and its live stream) on the server, and every page on a 390-pixel-wide phone,
-//! from the keyboard, with states written out. Each test saves screenshots under the cargo
+//! the session (and its live stream) on the server, a rolling Talos upgrade of the upgrade tests'
+//! lab followed live on its cluster's page and paused, resumed and aborted by role, and every
+//! page on a 390-pixel-wide phone, from the keyboard, with states written out. Each test saves screenshots under the cargo
 //! target directory (`console-screenshots/`) so a failure can be looked at.
 
 use std::path::PathBuf;
