@@ -63,6 +63,12 @@ const VOLUME: &str = "pkg/machinery/config/types/block/volume_config.go";
 const USER_VOLUME: &str = "pkg/machinery/config/types/block/user_volume_config.go";
 const CONTAINER: &str = "pkg/machinery/config/container/validate.go";
 const LABELS: &str = "pkg/machinery/labels/validate.go";
+const CONTAINER_CONFIG: &str = "pkg/machinery/config/types/container/container_config.go";
+const CONTAINER_MOUNTS: &str = "pkg/machinery/config/types/container/mounts.go";
+const CONTAINER_SECURITY: &str = "pkg/machinery/config/types/container/security.go";
+const CONTAINER_RUNTIME: &str = "pkg/machinery/config/types/container/runtime.go";
+const CONTAINER_RUNAS: &str = "pkg/machinery/config/types/container/runas.go";
+const CONTAINER_DEPS: &str = "pkg/machinery/config/container/container_deps.go";
 
 const CASES: &[Case] = &[
     Case {
@@ -1028,6 +1034,133 @@ const CASES: &[Case] = &[
             "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: not a certificate\n  key: not a key\n",
         ],
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.cert")],
+    },
+    // ---- ContainerConfig (Talos 1.14) ----
+    Case {
+        name: "ContainerConfig with a tag, not a digest",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: docker.io/library/nginx:1.27\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Warning("image")],
+    },
+    Case {
+        name: "ContainerConfig with an image reference that does not parse",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/Acme/Agent:v1\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("image")],
+    },
+    Case {
+        name: "ContainerConfig named with upper case",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: Agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("name")],
+    },
+    Case {
+        name: "ContainerConfig environment entry without =",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nenvironment: [DEBUG]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("environment[0]")],
+    },
+    Case {
+        name: "ContainerConfig mount with two sources",
+        talos: CONTAINER_MOUNTS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - tmpfs: {destination: /tmp}\n    hostPath: {source: /var/log, destination: /logs}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0]")],
+    },
+    Case {
+        name: "ContainerConfig two mounts on one destination",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - tmpfs: {destination: /tmp}\n  - hostPath: {source: /var/tmp, destination: /tmp}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[1]")],
+    },
+    Case {
+        name: "ContainerConfig host path that is relative",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - hostPath: {source: var/log, destination: /logs}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0].hostPath.source")],
+    },
+    Case {
+        name: "ContainerConfig mount both ro and rw",
+        talos: CONTAINER_MOUNTS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - hostPath: {source: /var/log, destination: /logs, options: [ro, rw]}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0].hostPath.options")],
+    },
+    Case {
+        name: "ContainerConfig capability with the CAP_ prefix",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  capabilities:\n    add: [CAP_NET_ADMIN]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.capabilities.add")],
+    },
+    Case {
+        name: "ContainerConfig capability both added and dropped",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  capabilities:\n    add: [NET_ADMIN]\n    drop: [NET_ADMIN]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.capabilities")],
+    },
+    Case {
+        name: "ContainerConfig security profile Talos does not know",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  profile: baseline\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.profile")],
+    },
+    Case {
+        name: "ContainerConfig bridge network mode",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nnetwork:\n  mode: bridge\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("network.mode")],
+    },
+    Case {
+        name: "ContainerConfig CPU limit in cores",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nresources:\n  limits:\n    cpu: '1.5'\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("resources.limits.cpu")],
+    },
+    Case {
+        name: "ContainerConfig negative uid",
+        talos: CONTAINER_RUNAS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nrunAs:\n  uid: -1\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("runAs.uid")],
+    },
+    Case {
+        name: "ContainerConfig depending on itself",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [agent]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("dependsOn.containers[0]")],
+    },
+    Case {
+        name: "ContainerConfig depending on a container not configured",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("dependsOn.containers[0]")],
+    },
+    Case {
+        name: "ContainerConfig dependency cycle",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n", "apiVersion: v1alpha1\nkind: ContainerConfig\nname: db\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [agent]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("ContainerConfig dependsOn.containers")],
+    },
+    Case {
+        name: "ContainerConfig dependency chain without a cycle",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n", "apiVersion: v1alpha1\nkind: ContainerConfig\nname: db\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
     },
     Case {
         name: "a wrongly typed field",
