@@ -69,6 +69,7 @@ const CONTAINER_SECURITY: &str = "pkg/machinery/config/types/container/security.
 const CONTAINER_RUNTIME: &str = "pkg/machinery/config/types/container/runtime.go";
 const CONTAINER_RUNAS: &str = "pkg/machinery/config/types/container/runas.go";
 const CONTAINER_DEPS: &str = "pkg/machinery/config/container/container_deps.go";
+const BGP: &str = "pkg/machinery/config/types/network/bgp.go";
 
 const CASES: &[Case] = &[
     Case {
@@ -1160,6 +1161,42 @@ const CASES: &[Case] = &[
         talos: CONTAINER_DEPS,
         base: Base::Worker,
         patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n", "apiVersion: v1alpha1\nkind: ContainerConfig\nname: db\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    // ---- BGPInstanceConfig (Talos 1.14) ----
+    Case {
+        name: "BGPInstanceConfig neighbor with both an address and a link",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    link: eth0\n    peerASN: 65000\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("neighbors[0]")],
+    },
+    Case {
+        name: "BGPInstanceConfig with the same neighbor twice",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\n  - address: 10.0.0.1\n    peerASN: 65002\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("neighbors[1]")],
+    },
+    Case {
+        name: "BGPInstanceConfig import prefixes of one route that overlap",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16, 10.1.2.0/24]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("importRoutes[0].prefixes[1]")],
+    },
+    Case {
+        name: "BGPInstanceConfig import routes whose prefixes overlap",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16]\n  - bgpInstance: third\n    prefixes: [10.0.0.0/8]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("importRoutes[1].prefixes")],
+    },
+    Case {
+        name: "BGPInstanceConfig importing disjoint prefixes from two instances",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16]\n  - bgpInstance: third\n    prefixes: [10.2.0.0/16, 'fd00::/64']\n"],
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
     },
     Case {
