@@ -70,6 +70,7 @@ const CONTAINER_RUNTIME: &str = "pkg/machinery/config/types/container/runtime.go
 const CONTAINER_RUNAS: &str = "pkg/machinery/config/types/container/runas.go";
 const CONTAINER_DEPS: &str = "pkg/machinery/config/container/container_deps.go";
 const BGP: &str = "pkg/machinery/config/types/network/bgp.go";
+const CRI_BASE_SPEC: &str = "pkg/machinery/config/types/cri/base_runtime_spec.go";
 
 const CASES: &[Case] = &[
     Case {
@@ -1198,6 +1199,56 @@ const CASES: &[Case] = &[
         base: Base::Worker,
         patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16]\n  - bgpInstance: third\n    prefixes: [10.2.0.0/16, 'fd00::/64']\n"],
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    // ---- OCI runtime spec overrides, decoded as Go's encoding/json decodes them ----
+    Case {
+        name: "baseRuntimeSpecOverrides with a string uid",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {user: {uid: nobody}}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.process.user.uid"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides with a fractional oomScoreAdj",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {oomScoreAdj: 1.5}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.process.oomScoreAdj"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides field named in another case",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {Process: {RLimits: [{type: RLIMIT_NOFILE, hard: -1, soft: 1024}]}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.Process.RLimits[0].hard"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides as in Talos' example",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {rlimits: [{type: RLIMIT_NOFILE, hard: 1024, soft: 1024}]}, unknownKey: x}}"],
+        verdicts: [Accepted, Accepted, Accepted, Warning("machine.baseRuntimeSpecOverrides")],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides memoryPolicy (runtime-spec v1.3.0) of the wrong type",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {linux: {memoryPolicy: {mode: 1}}}}"],
+        verdicts: [Accepted, Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode"), Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode"), Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode")],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides intelRdt enableCMT (runtime-spec v1.2.1 only) of the wrong type",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {linux: {intelRdt: {enableCMT: 'yes'}}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.linux.intelRdt.enableCMT"), Accepted, Accepted, Warning("machine.baseRuntimeSpecOverrides")],
+    },
+    Case {
+        name: "CRIBaseRuntimeSpecConfig with a negative rlimit",
+        talos: CRI_BASE_SPEC,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: CRIBaseRuntimeSpecConfig\noverrides:\n  process:\n    rlimits:\n      - type: RLIMIT_NOFILE\n        hard: -1\n        soft: 1024\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("overrides.process.rlimits[0].hard")],
     },
     Case {
         name: "a wrongly typed field",

@@ -21,6 +21,7 @@ use serde_yaml_ng::Value;
 
 pub mod cel;
 mod kinds;
+mod oci;
 mod rules;
 pub mod shape;
 mod v1alpha1;

@@ -121,7 +121,32 @@ pub(super) const KINDS: &[KindRule] = &[
         "pkg/machinery/config/types/cri/registry_tls.go",
         registry_tls,
     ),
+    (
+        "CRIBaseRuntimeSpecConfig",
+        14,
+        NOW,
+        "pkg/machinery/config/types/cri/base_runtime_spec.go",
+        cri_base_runtime_spec,
+    ),
 ];
+
+/// The overrides must decode into an OCI runtime spec as Go's `encoding/json` does.
+fn cri_base_runtime_spec(d: &mut Doc<'_, '_>, ctx: &Ctx) {
+    use crate::talos::validate::oci::{decode_spec, SpecVersion};
+    let Some(o) = d.at("overrides").filter(|o| o.is_mapping()) else {
+        return;
+    };
+    if let Err(e) = decode_spec(o, SpecVersion::of(ctx.version)) {
+        let what = if e.marshal { "marshal" } else { "unmarshal" };
+        d.err(
+            &format!("overrides.{}", e.path),
+            format!(
+                "failed to {what} base runtime spec overrides: {}",
+                e.message
+            ),
+        );
+    }
+}
 
 /// `host:port` as Go's `net.SplitHostPort` takes it.
 fn split_host_port(s: &str) -> Result<(), &'static str> {
