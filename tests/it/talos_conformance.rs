@@ -71,6 +71,10 @@ const CONTAINER_RUNAS: &str = "pkg/machinery/config/types/container/runas.go";
 const CONTAINER_DEPS: &str = "pkg/machinery/config/container/container_deps.go";
 const BGP: &str = "pkg/machinery/config/types/network/bgp.go";
 const CRI_BASE_SPEC: &str = "pkg/machinery/config/types/cri/base_runtime_spec.go";
+const V1_TYPES: &str = "pkg/machinery/config/types/v1alpha1/v1alpha1_types.go";
+const AGGREGATOR_CA: &str = "pkg/machinery/config/types/k8s/aggregator_ca.go";
+const SERVICE_ACCOUNT: &str = "pkg/machinery/config/types/k8s/service_account.go";
+const REGISTRY_TLS: &str = "pkg/machinery/config/types/cri/registry_tls.go";
 
 const CASES: &[Case] = &[
     Case {
@@ -1249,6 +1253,70 @@ const CASES: &[Case] = &[
         base: Base::Worker,
         patches: &["apiVersion: v1alpha1\nkind: CRIBaseRuntimeSpecConfig\noverrides:\n  process:\n    rlimits:\n      - type: RLIMIT_NOFILE\n        hard: -1\n        soft: 1024\n"],
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("overrides.process.rlimits[0].hard")],
+    },
+    // ---- certificates and keys, read as Talos reads them ----
+    Case {
+        name: "machine.ca.crt that is not base64",
+        talos: V1_TYPES,
+        base: Base::Worker,
+        patches: &["machine: {ca: {crt: 'not base64!'}}"],
+        verdicts: [Error("machine.ca.crt"); 4],
+    },
+    Case {
+        name: "cluster.serviceAccount.key without base64 padding",
+        talos: V1_TYPES,
+        base: Base::ControlPlane,
+        patches: &["cluster: {serviceAccount: {key: a2V5eA}}"],
+        verdicts: [Error("cluster.serviceAccount.key"); 4],
+    },
+    Case {
+        name: "registry TLS clientIdentity key that is not base64 (v1alpha1)",
+        talos: V1_TYPES,
+        base: Base::Worker,
+        patches: &["machine: {registries: {config: {ghcr.io: {tls: {clientIdentity: {crt: Y3J0, key: '%%%'}}}}}}"],
+        verdicts: [Error("machine.registries.config.ghcr.io.tls.clientIdentity.key"); 4],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig certificate block that does not parse",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    TUlJ\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.cert")],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig key of a type Talos does not read",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN DSA PRIVATE KEY-----\n    TUlJ\n    -----END DSA PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.key")],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig with a real certificate and PKCS#8 key",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    Case {
+        name: "KubeServiceAccountConfig key that is not a private key",
+        talos: SERVICE_ACCOUNT,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/serviceAccount\n", "apiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: https://kubernetes.default.svc\n  privateKey: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuer.privateKey")],
+    },
+    Case {
+        name: "RegistryTLSConfig client identity with an RSA (PKCS#1) key block",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nclientIdentity:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN RSA PRIVATE KEY-----\n    TUlJ\n    -----END RSA PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("clientIdentity.key"), Error("clientIdentity.key"), Accepted],
+    },
+    Case {
+        name: "RegistryTLSConfig CA block that is not a certificate",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nca: |\n    -----BEGIN CERTIFICATE-----\n    TUlJ\n    -----END CERTIFICATE-----\n"],
+        verdicts: [Error("kind"), Error("ca"), Error("ca"), Error("ca")],
     },
     Case {
         name: "a wrongly typed field",

@@ -25,6 +25,7 @@ mod oci;
 mod rules;
 pub mod shape;
 mod v1alpha1;
+mod x509;
 
 pub use rules::V1ALPHA1_RULES;
 

@@ -26,6 +26,13 @@ pub(super) fn check(
 ) {
     let m = version.minor;
 
+    // The decoder base64-decodes the certificate and key fields.
+    super::x509::check_v1alpha1_base64(
+        doc,
+        f,
+        "pkg/machinery/config/types/v1alpha1/v1alpha1_types.go",
+    );
+
     // Control planes need an issuing CA, not only accepted CAs.
     if control_plane == Some(true)
         && at(doc, "machine.ca").is_none()
