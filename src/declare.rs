@@ -461,7 +461,8 @@ impl Loader {
         if let Err(e) = url_host(&d.endpoint) {
             self.error(loc, "endpoint", e);
         }
-        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments.
+        // With only `schematicId`, Plinth cannot know the schematic's extra kernel arguments or
+        // META values.
         let mut schematic_kernel_args = Vec::new();
         let schematic_id = match (&d.schematic, &d.schematic_id) {
             (Some(_), Some(_)) => {
@@ -474,9 +475,21 @@ impl Loader {
             }
             (Some(s), None) => {
                 let text = serde_yaml_ng::to_string(s).unwrap_or_default();
+                // The schematic's part of the PXE line as Image Factory writes it: its META
+                // values (as `talos.environment`), then its extra kernel arguments.
+                let version = d
+                    .talos_version
+                    .parse::<crate::talos::TalosVersion>()
+                    .unwrap_or(crate::talos::TalosVersion::new(1, 14, 0));
                 match Schematic::parse(&text).and_then(|s| {
                     let id = s.id()?;
-                    Ok((id, s.customization.extra_kernel_args))
+                    let c = &s.customization;
+                    let args = crate::talos::kernel::schematic_line_args(
+                        version,
+                        &c.meta,
+                        &c.extra_kernel_args,
+                    );
+                    Ok((id, args))
                 }) {
                     Ok((id, args)) => {
                         schematic_kernel_args = args;

@@ -100,8 +100,9 @@ fn metal_console(version: TalosVersion, arch: Arch) -> Vec<&'static str> {
 /// same from v1.11.6 to v1.14.0-rc.1): `talos.platform=metal`, the platform's console, Talos'
 /// default arguments ([`default_args`]), then the schematic's arguments, where a `console` or
 /// `talos.platform` argument replaces the earlier ones and `-key` / `-key=value` removes them.
-/// (The schematic's META values, which Image Factory adds as `talos.environment`, are not
-/// written: Plinth does not carry them to the boot.)
+/// Pass the schematic's part as [`schematic_line_args`] gives it: its META values as Image
+/// Factory writes them (one `talos.environment` argument, added before the extra arguments),
+/// then its extra arguments.
 pub fn pxe_args(version: TalosVersion, arch: Arch, schematic_args: &[String]) -> Vec<String> {
     let mut line = Cmdline::default();
     line.append("talos.platform", "metal");
@@ -119,6 +120,62 @@ pub fn pxe_args(version: TalosVersion, arch: Arch, schematic_args: &[String]) ->
     line.append_all(&defaults, &[], false);
     line.append_all(schematic_args, &["console", "talos.platform"], true);
     line.words()
+}
+
+/// The schematic's arguments of the PXE line, in the order Talos' imager adds them after its
+/// defaults (`buildCmdline` in `pkg/imager/imager.go`): the META values as one
+/// `talos.environment=INSTALLER_META_BASE64=<value>` ([`meta_environment`]), which Talos'
+/// installer writes to the META partition, then `customization.extraKernelArgs`. Image Factory
+/// puts both on every `cmdline-<platform>-<arch>` asset, which is what its PXE script boots
+/// (`setKernelArgsAndMeta` in image-factory's `internal/profile/profile.go`). Given to
+/// [`pxe_args`] as one list this is the same line: the META argument is neither negated nor
+/// one that overwrites.
+pub fn schematic_line_args(
+    version: TalosVersion,
+    meta: &[super::schematic::MetaValue],
+    extra_kernel_args: &[String],
+) -> Vec<String> {
+    let mut out = Vec::with_capacity(extra_kernel_args.len() + 1);
+    if !meta.is_empty() {
+        out.push(format!(
+            "talos.environment=INSTALLER_META_BASE64={}",
+            meta_environment(version, meta)
+        ));
+    }
+    out.extend(extra_kernel_args.iter().cloned());
+    out
+}
+
+/// META values encoded for the installer's environment as Talos does (`Values.Encode` in
+/// `pkg/machinery/meta/meta.go`): `0x<key in hex>=<value>` joined by `;`, gzip-compressed at the
+/// best level when that text is longer than 256 bytes and the release reads compressed META
+/// (`SupportsCompressedEncodedMETA`: 1.6.3 and later), then standard base64. The gzip stream is
+/// flate2's, not Go's: the bytes differ from Image Factory's, what they decode to does not (the
+/// installer only looks for the gzip magic and inflates).
+pub fn meta_environment(version: TalosVersion, meta: &[super::schematic::MetaValue]) -> String {
+    use base64::Engine;
+    use std::io::Write;
+    let raw = meta
+        .iter()
+        .map(|m| format!("0x{:x}={}", m.key, m.value))
+        .collect::<Vec<_>>()
+        .join(";")
+        .into_bytes();
+    let gzip_ok = version >= TalosVersion::new(1, 6, 3);
+    let bytes = if gzip_ok && raw.len() > 256 {
+        // Go's gzip writer: no name, no modification time, XFL 2 (best), OS 255 (unknown).
+        let mut gz = flate2::GzBuilder::new()
+            .operating_system(255)
+            .write(Vec::new(), flate2::Compression::best());
+        // Writing to a Vec cannot fail.
+        match gz.write_all(&raw).and_then(|()| gz.finish()) {
+            Ok(compressed) => compressed,
+            Err(_) => raw,
+        }
+    } else {
+        raw
+    };
+    base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
 /// The default kernel arguments of Talos `version` on bare metal, in Talos' order. An argument
@@ -163,6 +220,64 @@ mod tests {
             .filter(|w| !w.is_empty())
             .map(str::to_string)
             .collect()
+    }
+
+    fn meta(key: u8, value: &str) -> crate::talos::schematic::MetaValue {
+        crate::talos::schematic::MetaValue {
+            key,
+            value: value.to_string(),
+        }
+    }
+
+    #[test]
+    fn meta_values_as_talos_encodes_them() {
+        use base64::Engine;
+        use std::io::Read;
+        let v = TalosVersion::new(1, 13, 9);
+        // Talos' own test vector (`pkg/machinery/meta/meta_test.go`, "simple"): 20 characters.
+        let simple = meta_environment(v, &[meta(10, "foo"), meta(0xb, "bar")]);
+        assert_eq!(simple, "MHhhPWZvbzsweGI9YmFy");
+        // "huge": 3084 characters uncompressed, gzip when the text passes 256 bytes.
+        let huge = [
+            meta(10, &"foobar".repeat(256)),
+            meta(0xb, &"baz".repeat(256)),
+        ];
+        let raw = format!("0xa={};0xb={}", "foobar".repeat(256), "baz".repeat(256));
+        let old = meta_environment(TalosVersion::new(1, 6, 2), &huge);
+        assert_eq!(old.len(), 3084);
+        let encoded = meta_environment(v, &huge);
+        assert!(encoded.len() < 200, "{}", encoded.len());
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(&encoded)
+            .expect("base64");
+        // Go's gzip header: no flags, no time, best compression, unknown OS.
+        assert_eq!(bytes[..10], [0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 2, 255]);
+        let mut text = String::new();
+        flate2::read::GzDecoder::new(bytes.as_slice())
+            .read_to_string(&mut text)
+            .expect("gunzip");
+        assert_eq!(text, raw);
+        // Exactly 256 bytes stays plain.
+        let edge = [meta(1, &"x".repeat(256 - 4))];
+        let plain = base64::engine::general_purpose::STANDARD
+            .decode(meta_environment(v, &edge))
+            .expect("base64");
+        assert_eq!(plain.len(), 256);
+        assert_eq!(plain[0], b'0');
+    }
+
+    #[test]
+    fn pxe_line_with_meta_values() {
+        let v = TalosVersion::new(1, 14, 0);
+        let args = schematic_line_args(v, &[meta(10, "foo")], &strings("net.ifnames=0"));
+        assert_eq!(
+            pxe_args(v, Arch::Amd64, &args).join(" "),
+            format!(
+                "talos.platform=metal console=tty0 {} talos.environment=INSTALLER_META_BASE64=MHhhPWZvbw== net.ifnames=0",
+                default_args(v).join(" ")
+            )
+        );
+        assert_eq!(schematic_line_args(v, &[], &strings("a=1")), ["a=1"]);
     }
 
     #[test]

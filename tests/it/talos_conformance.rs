@@ -63,6 +63,18 @@ const VOLUME: &str = "pkg/machinery/config/types/block/volume_config.go";
 const USER_VOLUME: &str = "pkg/machinery/config/types/block/user_volume_config.go";
 const CONTAINER: &str = "pkg/machinery/config/container/validate.go";
 const LABELS: &str = "pkg/machinery/labels/validate.go";
+const CONTAINER_CONFIG: &str = "pkg/machinery/config/types/container/container_config.go";
+const CONTAINER_MOUNTS: &str = "pkg/machinery/config/types/container/mounts.go";
+const CONTAINER_SECURITY: &str = "pkg/machinery/config/types/container/security.go";
+const CONTAINER_RUNTIME: &str = "pkg/machinery/config/types/container/runtime.go";
+const CONTAINER_RUNAS: &str = "pkg/machinery/config/types/container/runas.go";
+const CONTAINER_DEPS: &str = "pkg/machinery/config/container/container_deps.go";
+const BGP: &str = "pkg/machinery/config/types/network/bgp.go";
+const CRI_BASE_SPEC: &str = "pkg/machinery/config/types/cri/base_runtime_spec.go";
+const V1_TYPES: &str = "pkg/machinery/config/types/v1alpha1/v1alpha1_types.go";
+const AGGREGATOR_CA: &str = "pkg/machinery/config/types/k8s/aggregator_ca.go";
+const SERVICE_ACCOUNT: &str = "pkg/machinery/config/types/k8s/service_account.go";
+const REGISTRY_TLS: &str = "pkg/machinery/config/types/cri/registry_tls.go";
 
 const CASES: &[Case] = &[
     Case {
@@ -1028,6 +1040,333 @@ const CASES: &[Case] = &[
             "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: not a certificate\n  key: not a key\n",
         ],
         verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.cert")],
+    },
+    // ---- ContainerConfig (Talos 1.14) ----
+    Case {
+        name: "ContainerConfig with a tag, not a digest",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: docker.io/library/nginx:1.27\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Warning("image")],
+    },
+    Case {
+        name: "ContainerConfig with an image reference that does not parse",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/Acme/Agent:v1\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("image")],
+    },
+    Case {
+        name: "ContainerConfig named with upper case",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: Agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("name")],
+    },
+    Case {
+        name: "ContainerConfig environment entry without =",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nenvironment: [DEBUG]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("environment[0]")],
+    },
+    Case {
+        name: "ContainerConfig mount with two sources",
+        talos: CONTAINER_MOUNTS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - tmpfs: {destination: /tmp}\n    hostPath: {source: /var/log, destination: /logs}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0]")],
+    },
+    Case {
+        name: "ContainerConfig two mounts on one destination",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - tmpfs: {destination: /tmp}\n  - hostPath: {source: /var/tmp, destination: /tmp}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[1]")],
+    },
+    Case {
+        name: "ContainerConfig host path that is relative",
+        talos: CONTAINER_CONFIG,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - hostPath: {source: var/log, destination: /logs}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0].hostPath.source")],
+    },
+    Case {
+        name: "ContainerConfig mount both ro and rw",
+        talos: CONTAINER_MOUNTS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - hostPath: {source: /var/log, destination: /logs, options: [ro, rw]}\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("mounts[0].hostPath.options")],
+    },
+    Case {
+        name: "ContainerConfig capability with the CAP_ prefix",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  capabilities:\n    add: [CAP_NET_ADMIN]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.capabilities.add")],
+    },
+    Case {
+        name: "ContainerConfig capability both added and dropped",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  capabilities:\n    add: [NET_ADMIN]\n    drop: [NET_ADMIN]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.capabilities")],
+    },
+    Case {
+        name: "ContainerConfig security profile Talos does not know",
+        talos: CONTAINER_SECURITY,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nsecurity:\n  profile: baseline\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("security.profile")],
+    },
+    Case {
+        name: "ContainerConfig bridge network mode",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nnetwork:\n  mode: bridge\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("network.mode")],
+    },
+    Case {
+        name: "ContainerConfig CPU limit in cores",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nresources:\n  limits:\n    cpu: '1.5'\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("resources.limits.cpu")],
+    },
+    Case {
+        name: "ContainerConfig negative uid",
+        talos: CONTAINER_RUNAS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nrunAs:\n  uid: -1\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("runAs.uid")],
+    },
+    Case {
+        name: "ContainerConfig depending on itself",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [agent]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("dependsOn.containers[0]")],
+    },
+    Case {
+        name: "ContainerConfig depending on a container not configured",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("dependsOn.containers[0]")],
+    },
+    Case {
+        name: "ContainerConfig dependency cycle",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n", "apiVersion: v1alpha1\nkind: ContainerConfig\nname: db\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [agent]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("ContainerConfig dependsOn.containers")],
+    },
+    Case {
+        name: "ContainerConfig dependency chain without a cycle",
+        talos: CONTAINER_DEPS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  containers: [db]\n", "apiVersion: v1alpha1\nkind: ContainerConfig\nname: db\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    // ---- BGPInstanceConfig (Talos 1.14) ----
+    Case {
+        name: "BGPInstanceConfig neighbor with both an address and a link",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    link: eth0\n    peerASN: 65000\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("neighbors[0]")],
+    },
+    Case {
+        name: "BGPInstanceConfig with the same neighbor twice",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\n  - address: 10.0.0.1\n    peerASN: 65002\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("neighbors[1]")],
+    },
+    Case {
+        name: "BGPInstanceConfig import prefixes of one route that overlap",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16, 10.1.2.0/24]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("importRoutes[0].prefixes[1]")],
+    },
+    Case {
+        name: "BGPInstanceConfig import routes whose prefixes overlap",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16]\n  - bgpInstance: third\n    prefixes: [10.0.0.0/8]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("importRoutes[1].prefixes")],
+    },
+    Case {
+        name: "BGPInstanceConfig importing disjoint prefixes from two instances",
+        talos: BGP,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BGPInstanceConfig\nname: main\nlocalASN: 65001\nneighbors:\n  - address: 10.0.0.1\n    peerASN: 65000\nimportRoutes:\n  - bgpInstance: other\n    prefixes: [10.1.0.0/16]\n  - bgpInstance: third\n    prefixes: [10.2.0.0/16, 'fd00::/64']\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    // ---- OCI runtime spec overrides, decoded as Go's encoding/json decodes them ----
+    Case {
+        name: "baseRuntimeSpecOverrides with a string uid",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {user: {uid: nobody}}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.process.user.uid"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides with a fractional oomScoreAdj",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {oomScoreAdj: 1.5}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.process.oomScoreAdj"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides field named in another case",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {Process: {RLimits: [{type: RLIMIT_NOFILE, hard: -1, soft: 1024}]}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.Process.RLimits[0].hard"); 4],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides as in Talos' example",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {process: {rlimits: [{type: RLIMIT_NOFILE, hard: 1024, soft: 1024}]}, unknownKey: x}}"],
+        verdicts: [Accepted, Accepted, Accepted, Warning("machine.baseRuntimeSpecOverrides")],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides memoryPolicy (runtime-spec v1.3.0) of the wrong type",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {linux: {memoryPolicy: {mode: 1}}}}"],
+        verdicts: [Accepted, Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode"), Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode"), Error("machine.baseRuntimeSpecOverrides.linux.memoryPolicy.mode")],
+    },
+    Case {
+        name: "baseRuntimeSpecOverrides intelRdt enableCMT (runtime-spec v1.2.1 only) of the wrong type",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {baseRuntimeSpecOverrides: {linux: {intelRdt: {enableCMT: 'yes'}}}}"],
+        verdicts: [Error("machine.baseRuntimeSpecOverrides.linux.intelRdt.enableCMT"), Accepted, Accepted, Warning("machine.baseRuntimeSpecOverrides")],
+    },
+    Case {
+        name: "CRIBaseRuntimeSpecConfig with a negative rlimit",
+        talos: CRI_BASE_SPEC,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: CRIBaseRuntimeSpecConfig\noverrides:\n  process:\n    rlimits:\n      - type: RLIMIT_NOFILE\n        hard: -1\n        soft: 1024\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("overrides.process.rlimits[0].hard")],
+    },
+    // ---- certificates and keys, read as Talos reads them ----
+    Case {
+        name: "machine.ca.crt that is not base64",
+        talos: V1_TYPES,
+        base: Base::Worker,
+        patches: &["machine: {ca: {crt: 'not base64!'}}"],
+        verdicts: [Error("machine.ca.crt"); 4],
+    },
+    Case {
+        name: "cluster.serviceAccount.key without base64 padding",
+        talos: V1_TYPES,
+        base: Base::ControlPlane,
+        patches: &["cluster: {serviceAccount: {key: a2V5eA}}"],
+        verdicts: [Error("cluster.serviceAccount.key"); 4],
+    },
+    Case {
+        name: "registry TLS clientIdentity key that is not base64 (v1alpha1)",
+        talos: V1_TYPES,
+        base: Base::Worker,
+        patches: &["machine: {registries: {config: {ghcr.io: {tls: {clientIdentity: {crt: Y3J0, key: '%%%'}}}}}}"],
+        verdicts: [Error("machine.registries.config.ghcr.io.tls.clientIdentity.key"); 4],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig certificate block that does not parse",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    TUlJ\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.cert")],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig key of a type Talos does not read",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN DSA PRIVATE KEY-----\n    TUlJ\n    -----END DSA PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuingCA.key")],
+    },
+    Case {
+        name: "KubeAggregatorCAConfig with a real certificate and PKCS#8 key",
+        talos: AGGREGATOR_CA,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/aggregatorCA\n", "apiVersion: v1alpha1\nkind: KubeAggregatorCAConfig\nissuingCA:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    Case {
+        name: "KubeServiceAccountConfig key that is not a private key",
+        talos: SERVICE_ACCOUNT,
+        base: Base::ControlPlane,
+        patches: &["- op: remove\n  path: /cluster/serviceAccount\n", "apiVersion: v1alpha1\nkind: KubeServiceAccountConfig\nissuer:\n  issuerURL: https://kubernetes.default.svc\n  privateKey: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("issuer.privateKey")],
+    },
+    Case {
+        name: "RegistryTLSConfig client identity with an RSA (PKCS#1) key block",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nclientIdentity:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN RSA PRIVATE KEY-----\n    TUlJ\n    -----END RSA PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("clientIdentity.key"), Error("clientIdentity.key"), Accepted],
+    },
+    Case {
+        name: "RegistryTLSConfig CA block that is not a certificate",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nca: |\n    -----BEGIN CERTIFICATE-----\n    TUlJ\n    -----END CERTIFICATE-----\n"],
+        verdicts: [Error("kind"), Error("ca"), Error("ca"), Error("ca")],
+    },
+    // ---- where Talos' decoder and its published schema disagree ----
+    Case {
+        name: "machine.acceptedCAs as the list the decoder reads",
+        talos: V1_TYPES,
+        base: Base::Worker,
+        patches: &["machine: {acceptedCAs: [{crt: Y3J0}]}"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "cluster.acceptedCAs as the list the decoder reads (hidden from the 1.14 docs)",
+        talos: V1_TYPES,
+        base: Base::ControlPlane,
+        patches: &["cluster: {acceptedCAs: [{crt: Y3J0}, {crt: eA==}]}"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "RegistryTLSConfig clientIdentity as meta.CertificateAndKey (cert, key)",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nclientIdentity:\n  cert: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "RegistryTLSConfig clientIdentity spelled crt (the 1.12 and 1.13 schemas)",
+        talos: REGISTRY_TLS,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: RegistryTLSConfig\nname: ghcr.io\nclientIdentity:\n  crt: |\n    -----BEGIN CERTIFICATE-----\n    MIIBiDCCAS+gAwIBAgIUYZ9JQ44imczK+HFlkLdsHsYME0AwCgYIKoZIzj0EAwIw\n    GjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MB4XDTI2MTIwNTA4MDkwOFoXDTM2\n    MTIwMjA4MDkwOFowGjEYMBYGA1UEAwwPcmVnaXN0cnktY2xpZW50MFkwEwYHKoZI\n    zj0CAQYIKoZIzj0DAQcDQgAEMq9HuvTYX88uguCaDbclL4iy8ScebxQ+4gWsMhN8\n    x3RjNhCQoYuktGgoeuo5iMUAIvaeWogpSgWbAuNTV/+KkqNTMFEwHQYDVR0OBBYE\n    FAa1F9VoD88entoqmR1FcyfzftkdMB8GA1UdIwQYMBaAFAa1F9VoD88entoqmR1F\n    cyfzftkdMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDRwAwRAIgItx+P9PA\n    y14UNsiI+d+28F+ypVfXDni4o6j0GQEr0agCIC2a5i7xk3nHla4VbHAVDl002Xdy\n    uQOTCpTiX+eIwaZk\n    -----END CERTIFICATE-----\n  key: |\n    -----BEGIN PRIVATE KEY-----\n    MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgPBEiUBYa3pjZfUia\n    JclVNi/0GXbnX4UUpiXPCuJm/HShRANCAAQyr0e69Nhfzy6C4JoNtyUviLLxJx5v\n    FD7iBawyE3zHdGM2EJChi6S0aCh66jmIxQAi9p5aiClKBZsC41NX/4qS\n    -----END PRIVATE KEY-----\n"],
+        verdicts: [Error("kind"), Error("clientIdentity"), Error("clientIdentity"), Error("clientIdentity")],
+    },
+    Case {
+        name: "ContainerConfig dependsOn.networks and userVolume options as lists",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\nmounts:\n  - userVolume: {name: data, destination: /data, options: [ro, noexec]}\ndependsOn:\n  networks: [addresses, hostname]\n  time: true\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Accepted],
+    },
+    Case {
+        name: "ContainerConfig network condition Talos does not know",
+        talos: CONTAINER_RUNTIME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ContainerConfig\nname: agent\nimage: ghcr.io/acme/agent@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\ndependsOn:\n  networks: [addresses, dns]\n"],
+        verdicts: [Error("kind"), Error("kind"), Error("kind"), Error("dependsOn.networks[1]")],
+    },
+    Case {
+        name: "encryption options as a list (the 1.11 and 1.12 schemas give an enum)",
+        talos: VOLUME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\nencryption:\n  provider: luks2\n  keys:\n    - slot: 0\n      nodeID: {}\n  options: [no_read_workqueue, no_write_workqueue]\n"],
+        verdicts: [Accepted; 4],
     },
     Case {
         name: "a wrongly typed field",

@@ -50,8 +50,10 @@ pub struct ClusterSpec {
     pub kubernetes_version: Option<String>,
     /// Image Factory schematic id of the installer, kernel and initramfs.
     pub schematic_id: String,
-    /// The schematic's `customization.extraKernelArgs`, which Image Factory puts on its PXE
-    /// kernel line (known when the inventory gives the `schematic`, not just its id).
+    /// The schematic's part of Image Factory's PXE kernel line: its META values as one
+    /// `talos.environment=INSTALLER_META_BASE64=...` argument, then its
+    /// `customization.extraKernelArgs` (known when the inventory gives the `schematic`, not
+    /// just its id).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub schematic_kernel_args: Vec<String>,
     /// Image Factory host for the installer image.

@@ -20,10 +20,13 @@ use std::sync::OnceLock;
 use serde_yaml_ng::Value;
 
 pub mod cel;
+mod correct;
 mod kinds;
+mod oci;
 mod rules;
 pub mod shape;
 mod v1alpha1;
+mod x509;
 
 pub use rules::V1ALPHA1_RULES;
 
@@ -166,7 +169,8 @@ fn v1alpha1_trees() -> &'static [(u32, FieldTree)] {
         EMBEDDED_SCHEMAS
             .iter()
             .filter_map(|(_, minor, _, text)| {
-                let schema: serde_json::Value = serde_json::from_str(text).ok()?;
+                let mut schema: serde_json::Value = serde_json::from_str(text).ok()?;
+                correct::correct_schema(&mut schema);
                 let def = schema.get("$defs")?.get("v1alpha1.Config")?;
                 Some((*minor, FieldTree::from_def(&schema, def, 0)))
             })
@@ -204,6 +208,7 @@ fn v1alpha1_validators() -> &'static [(u32, jsonschema::Validator)] {
             .iter()
             .filter_map(|(_, minor, _, text)| {
                 let mut schema: serde_json::Value = serde_json::from_str(text).ok()?;
+                correct::correct_schema(&mut schema);
                 let obj = schema.as_object_mut()?;
                 obj.remove("oneOf");
                 obj.insert(
@@ -522,8 +527,10 @@ impl SchemaValidator {
         Ok(Self::from_schema(schema, version))
     }
 
-    /// Use an already parsed schema (no version check).
-    pub fn from_schema(schema: serde_json::Value, version: TalosVersion) -> Self {
+    /// Use an already parsed schema (no version check). Where the schema disagrees with Talos'
+    /// decoder it is corrected first (`correct.rs`).
+    pub fn from_schema(mut schema: serde_json::Value, version: TalosVersion) -> Self {
+        correct::correct_schema(&mut schema);
         let mut kinds = HashMap::new();
         let refs = schema
             .get("oneOf")

@@ -30,6 +30,11 @@ impl<'a> Findings<'a> {
         Findings { out, document }
     }
 
+    /// How many findings the output holds (of every document).
+    pub(super) fn len(&self) -> usize {
+        self.out.len()
+    }
+
     fn push(&mut self, severity: Severity, path: &str, rule: &'static str, message: String) {
         self.out.push(Violation {
             document: self.document.clone(),

@@ -10,6 +10,7 @@ use base64::Engine;
 use serde_yaml_ng::Value;
 
 use super::kinds::ip_prefix;
+use super::oci::{decode_spec, SpecVersion};
 use super::rules::{at, items, set, subnet_or_address, text, truthy, Findings};
 use super::V1ALPHA1_RULES as R;
 use crate::talos::TalosVersion;
@@ -24,6 +25,13 @@ pub(super) fn check(
     f: &mut Findings<'_>,
 ) {
     let m = version.minor;
+
+    // The decoder base64-decodes the certificate and key fields.
+    super::x509::check_v1alpha1_base64(
+        doc,
+        f,
+        "pkg/machinery/config/types/v1alpha1/v1alpha1_types.go",
+    );
 
     // Control planes need an issuing CA, not only accepted CAs.
     if control_plane == Some(true)
@@ -268,6 +276,16 @@ pub(super) fn check(
                 "machine.baseRuntimeSpecOverrides",
                 R,
                 "failed to unmarshal base runtime spec overrides: not an OCI runtime spec object",
+            );
+        } else if let Err(e) = decode_spec(o, SpecVersion::of(version)) {
+            let what = if e.marshal { "marshal" } else { "unmarshal" };
+            f.error(
+                &format!("machine.baseRuntimeSpecOverrides.{}", e.path),
+                R,
+                format!(
+                    "failed to {what} base runtime spec overrides: {}",
+                    e.message
+                ),
             );
         }
     }

@@ -9,6 +9,7 @@ use serde_yaml_ng::Value;
 
 use super::{ip_prefix, Ctx, Doc, KindRule, NOW};
 use crate::talos::validate::rules::subnet_or_address;
+use crate::talos::validate::x509;
 
 pub(super) const KINDS: &[KindRule] = &[
     (
@@ -240,42 +241,40 @@ fn apiserver(d: &mut Doc<'_, '_>, _: &Ctx) {
     resources(d, "resources");
 }
 
-/// Whether `text` holds a PEM block labelled `label`.
-fn pem(text: &str, label: &str) -> bool {
-    text.contains(&format!("-----BEGIN {label}-----"))
-        && text.contains(&format!("-----END {label}-----"))
-}
-
-/// A certificate and key pair (`meta.CertificateAndKey.Validate(true)`), as PEM text.
+/// A certificate and key pair as `meta.CertificateAndKey.Validate(true)` checks it
+/// (`pkg/machinery/config/types/meta/certificate_key.go`): both set, PEM blocks of the right
+/// types, then the certificate and the key parsed (siderolabs/crypto `GetCert`, `GetKey`).
 fn cert_and_key(d: &mut Doc<'_, '_>, base: &str, what: &str) {
     let crt = d.text(&format!("{base}.cert"));
     let key = d.text(&format!("{base}.key"));
-    if crt.is_empty() {
-        d.err(
-            &format!("{base}.cert"),
-            format!("{what}: certificate is required"),
-        );
+    let cert_at = format!("{base}.cert");
+    let key_at = format!("{base}.key");
+    let problem = if crt.is_empty() {
+        Some((&cert_at, "certificate is required".to_string()))
     } else if key.is_empty() {
-        d.err(&format!("{base}.key"), format!("{what}: key is required"));
-    } else if !pem(crt, "CERTIFICATE") {
-        d.err(
-            &format!("{base}.cert"),
-            format!("{what}: certificate: not a PEM CERTIFICATE block"),
-        );
-    } else if !key.contains("-----BEGIN ") {
-        d.err(
-            &format!("{base}.key"),
-            format!("{what}: key: not a PEM block"),
-        );
+        Some((&key_at, "key is required".to_string()))
+    } else if let Err(e) = x509::assert_valid_pem(crt, &["CERTIFICATE"]) {
+        Some((&cert_at, format!("certificate: {e}")))
+    } else if let Err(e) = x509::assert_valid_pem(key, &[]) {
+        Some((&key_at, format!("key: {e}")))
+    } else if let Err(e) = x509::get_cert(crt) {
+        Some((&cert_at, format!("certificate is invalid: {e}")))
+    } else if let Err(e) = x509::get_key(key, x509::KeyReader::CertificateAndKey) {
+        Some((&key_at, format!("key is invalid: {e}")))
+    } else {
+        None
+    };
+    if let Some((path, message)) = problem {
+        d.err(path, format!("{what}: {message}"));
     }
 }
 
 fn accepted_cas(d: &mut Doc<'_, '_>) {
     for (i, ca) in d.items("acceptedCAs").iter().enumerate() {
-        if !pem(ca.as_str().unwrap_or(""), "CERTIFICATE") {
+        if let Err(e) = x509::assert_valid_pem(ca.as_str().unwrap_or(""), &["CERTIFICATE"]) {
             d.err(
                 &format!("acceptedCAs[{i}]"),
-                format!("accepted CA #{i}: not a PEM CERTIFICATE block"),
+                format!("accepted CA #{i}: {e}"),
             );
         }
     }
@@ -304,10 +303,10 @@ fn service_account(d: &mut Doc<'_, '_>, _: &Ctx) {
             "issuer.privateKey",
             "service issuer private key is required",
         );
-    } else if !key.contains("-----BEGIN ") {
+    } else if let Err(e) = x509::get_key(key, x509::KeyReader::Key) {
         d.err(
             "issuer.privateKey",
-            "service issuer private key is invalid: not a PEM block",
+            format!("service issuer private key is invalid: {e}"),
         );
     }
     if d.text("issuer.issuerURL").is_empty() {

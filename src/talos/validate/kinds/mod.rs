@@ -15,6 +15,7 @@ use super::Violation;
 use crate::talos::{DocumentId, MachineConfig, TalosVersion};
 
 mod block;
+mod container;
 mod k8s;
 mod network;
 mod other;
@@ -119,7 +120,13 @@ type KindRule = (
 /// Run the `Validate()` of every multi-document kind in `config`.
 pub(super) fn check(config: &MachineConfig, version: TalosVersion, out: &mut Vec<Violation>) {
     let ctx = Ctx { version };
-    let tables: [&[KindRule]; 4] = [network::KINDS, block::KINDS, other::KINDS, k8s::KINDS];
+    let tables: [&[KindRule]; 5] = [
+        network::KINDS,
+        block::KINDS,
+        other::KINDS,
+        k8s::KINDS,
+        container::KINDS,
+    ];
     for d in config.documents() {
         let Some(id) = DocumentId::of(d) else {
             continue;
@@ -300,6 +307,11 @@ pub(super) fn check_container(
             f.error("cluster.secret", R, "cluster secret (.cluster.secret or DiscoveryIdentityConfig) should be set when cluster discovery (DiscoveryServiceConfig) is enabled");
         }
     }
+
+    // Containers' dependsOn.containers must name configured containers and form a DAG.
+    drop(f);
+    container::check_dependencies(config, out);
+    let mut f = Findings::new(&mut *out, "(config)".into());
 
     // KubeSpan: the KubeSpanConfig document, else the v1alpha1 section.
     let kubespan = match find("KubeSpanConfig") {

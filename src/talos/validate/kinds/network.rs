@@ -3,6 +3,7 @@
 //! sync, KubeSpan, routing rules, blackhole routes, probes, firewall rules and BGP.
 
 use std::collections::HashSet;
+use std::net::IpAddr;
 
 use base64::Engine;
 use serde_yaml_ng::Value;
@@ -755,8 +756,32 @@ fn bgp(d: &mut Doc<'_, '_>, _: &Ctx) {
         d.warn("neighbors", "BGPInstanceConfig has no neighbors configured");
     }
     let vrf = !d.text("vrf").is_empty();
+    let mut seen = HashSet::new();
     for (i, n) in neighbors.iter().enumerate() {
         let base = format!("neighbors[{i}]");
+        // A neighbor is keyed by its address (as netip prints it) or its link: exactly one.
+        let address = n
+            .get("address")
+            .and_then(Value::as_str)
+            .filter(|a| !a.is_empty())
+            .and_then(ip_addr);
+        let link = n.get("link").and_then(Value::as_str).unwrap_or("");
+        match (address, link.is_empty()) {
+            (Some(a), true) => {
+                if !seen.insert(a.to_string()) {
+                    d.err(&base, format!("neighbor[{i}]: duplicate neighbor \"{a}\""));
+                }
+            }
+            (None, false) => {
+                if !seen.insert(link.to_string()) {
+                    d.err(&base, format!("neighbor[{i}]: duplicate neighbor {link:?}"));
+                }
+            }
+            _ => d.err(
+                &base,
+                format!("neighbor[{i}]: exactly one of address or link must be set"),
+            ),
+        }
         if n.get("holdTime")
             .and_then(go_duration)
             .is_some_and(|t| t < 0)
@@ -786,6 +811,8 @@ fn bgp(d: &mut Doc<'_, '_>, _: &Ctx) {
     }
     let name = d.name();
     let mut sources = HashSet::new();
+    // Masked prefixes of earlier routes, for the overlap check across routes.
+    let mut selectors: Vec<(IpAddr, u8, usize)> = Vec::new();
     for (i, route) in d.items("importRoutes").iter().enumerate() {
         let base = format!("importRoutes[{i}]");
         let src = route
@@ -822,19 +849,77 @@ fn bgp(d: &mut Doc<'_, '_>, _: &Ctx) {
                 format!("importRoutes[{i}]: at least one prefix must be specified"),
             );
         }
-        for (j, p) in prefixes.iter().enumerate() {
-            let s = p.as_str().unwrap_or("");
-            match ip_prefix(s) {
-                None => d.err(
-                    &format!("{base}.prefixes[{j}]"),
+        let parsed: Vec<Option<(IpAddr, u8)>> = prefixes
+            .iter()
+            .map(|p| p.as_str().and_then(ip_prefix))
+            .collect();
+        for (j, p) in parsed.iter().enumerate() {
+            let at = format!("{base}.prefixes[{j}]");
+            let Some((ip, bits)) = *p else {
+                d.err(
+                    &at,
                     format!("importRoutes[{i}].prefixes[{j}]: invalid prefix"),
-                ),
-                Some((ip, bits)) if !masked(ip, bits) => d.err(
-                    &format!("{base}.prefixes[{j}]"),
-                    format!("importRoutes[{i}].prefixes[{j}]: prefix {s} must be masked"),
-                ),
-                Some(_) => {}
+                );
+                continue;
+            };
+            let shown = format!("{ip}/{bits}");
+            if !masked(ip, bits) {
+                d.err(
+                    &at,
+                    format!("importRoutes[{i}].prefixes[{j}]: prefix {shown} must be masked"),
+                );
+            }
+            for (k, other) in parsed.iter().enumerate().take(j) {
+                if let Some((oip, obits)) = *other {
+                    if prefixes_overlap((oip, obits), (ip, bits)) {
+                        d.err(
+                            &at,
+                            format!("importRoutes[{i}].prefixes[{j}]: prefix {shown} overlaps prefixes[{k}] {oip}/{obits}"),
+                        );
+                    }
+                }
             }
         }
+        // Across routes only masked prefixes count; Talos reports each overlap with an earlier
+        // route's prefix.
+        for (ip, bits) in parsed.iter().flatten().copied() {
+            if !masked(ip, bits) {
+                continue;
+            }
+            for (sip, sbits, route_index) in &selectors {
+                if *route_index != i && prefixes_overlap((*sip, *sbits), (ip, bits)) {
+                    d.err(
+                        &format!("{base}.prefixes"),
+                        format!("importRoutes[{i}]: prefix {ip}/{bits} overlaps importRoutes[{route_index}] prefix {sip}/{sbits}"),
+                    );
+                }
+            }
+            selectors.push((ip, bits, i));
+        }
     }
+}
+
+/// Whether two prefixes of one address family share an address (`prefixesOverlap` of
+/// `network/bgp.go`: either contains the other's address).
+fn prefixes_overlap(a: (IpAddr, u8), b: (IpAddr, u8)) -> bool {
+    let contains = |(net, bits): (IpAddr, u8), ip: IpAddr| match (net, ip) {
+        (IpAddr::V4(n), IpAddr::V4(x)) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u32::MAX << (32 - u32::from(bits))
+            };
+            u32::from(n) & mask == u32::from(x) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(x)) => {
+            let mask = if bits == 0 {
+                0
+            } else {
+                u128::MAX << (128 - u32::from(bits))
+            };
+            u128::from(n) & mask == u128::from(x) & mask
+        }
+        _ => false,
+    };
+    a.0.is_ipv4() == b.0.is_ipv4() && (contains(a, b.0) || contains(b, a.0))
 }

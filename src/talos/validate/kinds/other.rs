@@ -2,11 +2,11 @@
 //! (`pkg/machinery/config/types/{runtime,siderolink,security,cri}/*.go`). Several of Talos'
 //! validators here stop at their first problem; the ports do the same (`return`).
 
-use base64::Engine;
 use serde_yaml_ng::Value;
 
 use super::{go_duration, negative_duration, Ctx, Doc, KindRule, NOW};
 use crate::talos::validate::cel::CelEnv;
+use crate::talos::validate::x509;
 
 pub(super) const KINDS: &[KindRule] = &[
     (
@@ -121,7 +121,32 @@ pub(super) const KINDS: &[KindRule] = &[
         "pkg/machinery/config/types/cri/registry_tls.go",
         registry_tls,
     ),
+    (
+        "CRIBaseRuntimeSpecConfig",
+        14,
+        NOW,
+        "pkg/machinery/config/types/cri/base_runtime_spec.go",
+        cri_base_runtime_spec,
+    ),
 ];
+
+/// The overrides must decode into an OCI runtime spec as Go's `encoding/json` does.
+fn cri_base_runtime_spec(d: &mut Doc<'_, '_>, ctx: &Ctx) {
+    use crate::talos::validate::oci::{decode_spec, SpecVersion};
+    let Some(o) = d.at("overrides").filter(|o| o.is_mapping()) else {
+        return;
+    };
+    if let Err(e) = decode_spec(o, SpecVersion::of(ctx.version)) {
+        let what = if e.marshal { "marshal" } else { "unmarshal" };
+        d.err(
+            &format!("overrides.{}", e.path),
+            format!(
+                "failed to {what} base runtime spec overrides: {}",
+                e.message
+            ),
+        );
+    }
+}
 
 /// `host:port` as Go's `net.SplitHostPort` takes it.
 fn split_host_port(s: &str) -> Result<(), &'static str> {
@@ -523,66 +548,48 @@ fn registry_auth(d: &mut Doc<'_, '_>, _: &Ctx) {
     }
 }
 
-/// Whether `text` holds a PEM block of `label` (any label when `None`) whose body is base64.
-fn pem_block(text: &str, label: Option<&str>) -> bool {
-    let mut rest = text;
-    while let Some(start) = rest.find("-----BEGIN ") {
-        let after = &rest[start + 11..];
-        let Some(end_label) = after.find("-----") else {
-            return false;
-        };
-        let this = &after[..end_label];
-        let body_start = &after[end_label + 5..];
-        let end_marker = format!("-----END {this}-----");
-        let Some(body_end) = body_start.find(&end_marker) else {
-            return false;
-        };
-        let body: String = body_start[..body_end]
-            .chars()
-            .filter(|c| !c.is_whitespace())
-            .collect();
-        let decodes = base64::engine::general_purpose::STANDARD
-            .decode(&body)
-            .is_ok_and(|b| !b.is_empty());
-        if decodes && label.is_none_or(|l| l == this) {
-            return true;
-        }
-        rest = &body_start[body_end + end_marker.len()..];
-    }
-    false
-}
-
 fn registry_tls(d: &mut Doc<'_, '_>, ctx: &Ctx) {
     d.require_name("name must be specified");
     let ca = d.text("ca");
-    if !ca.is_empty() && !pem_block(ca, Some("CERTIFICATE")) {
+    if !ca.is_empty() && !x509::append_certs_from_pem(ca) {
         d.err("ca", "ca must be a valid PEM-encoded certificate");
     }
     // `clientIdentity` is a meta.CertificateAndKey (`cert` and `key`, PEM text) in every release
-    // that has the document; 1.14 checks the PEM blocks, 1.12 and 1.13 load the pair.
-    if d.at("clientIdentity").is_some() {
-        let crt = d.text("clientIdentity.cert");
-        let key = d.text("clientIdentity.key");
-        if ctx.minor() >= 14 {
-            if crt.is_empty() {
-                return d.err(
-                    "clientIdentity.cert",
-                    "client identity: certificate is required",
-                );
-            }
-            if key.is_empty() {
-                return d.err("clientIdentity.key", "client identity: key is required");
-            }
+    // that has the document; 1.14 checks the PEM blocks (`Validate(false)`), 1.12 and 1.13 parse
+    // the certificate and a PKCS#8 key (siderolabs/crypto `GetCert`, `GetPrivateKey`).
+    if d.at("clientIdentity").is_none() {
+        return;
+    }
+    let crt = d.text("clientIdentity.cert");
+    let key = d.text("clientIdentity.key");
+    if ctx.minor() >= 14 {
+        let problem = if crt.is_empty() {
+            Some(("clientIdentity.cert", "certificate is required".to_string()))
+        } else if key.is_empty() {
+            Some(("clientIdentity.key", "key is required".to_string()))
+        } else if let Err(e) = x509::assert_valid_pem(crt, &["CERTIFICATE"]) {
+            Some(("clientIdentity.cert", format!("certificate: {e}")))
+        } else if let Err(e) = x509::assert_valid_pem(key, &[]) {
+            Some(("clientIdentity.key", format!("key: {e}")))
+        } else {
+            None
+        };
+        if let Some((path, message)) = problem {
+            d.err(path, format!("client identity: {message}"));
         }
-        if !pem_block(crt, Some("CERTIFICATE")) {
-            d.err(
-                "clientIdentity.cert",
-                "client identity certificate is invalid",
-            );
-        }
-        if !pem_block(key, None) {
-            d.err("clientIdentity.key", "client identity key is invalid");
-        }
+        return;
+    }
+    if let Err(e) = x509::get_cert(crt) {
+        d.err(
+            "clientIdentity.cert",
+            format!("client identity certificate is invalid: {e}"),
+        );
+    }
+    if let Err(e) = x509::get_key(key, x509::KeyReader::Pkcs8) {
+        d.err(
+            "clientIdentity.key",
+            format!("client identity key is invalid: {e}"),
+        );
     }
 }
 
@@ -604,13 +611,5 @@ mod tests {
         assert!(!is_local("/a"));
         assert!(!is_local("../a"));
         assert!(!is_local(""));
-    }
-
-    #[test]
-    fn pem() {
-        let c = "-----BEGIN CERTIFICATE-----\nTUlJ\n-----END CERTIFICATE-----\n";
-        assert!(pem_block(c, Some("CERTIFICATE")));
-        assert!(!pem_block(c, Some("PRIVATE KEY")));
-        assert!(!pem_block("nope", None));
     }
 }
