@@ -302,7 +302,7 @@ impl Identities {
         }
         let found: HashMap<MacAddr, MachineId> =
             self.leases.owners(&missing).await?.into_iter().collect();
-        for (mac, _) in &found {
+        for mac in found.keys() {
             self.learn(*mac);
         }
         let mut cache = self.cache();
