@@ -285,7 +285,7 @@ EOF
 
 start_server() { # $1 = server name
     case "$1" in
-        plinth-sqlite) start_plinth "sqlite://$WORK/plinth/plinth.db" ;;
+        plinth-sqlite) start_plinth "sqlite://$WORK/plinth1/plinth.db" ;;
         plinth-postgres)
             drop_pg_db
             PG_DB=plinth_bench_$TAG

@@ -35,6 +35,7 @@
 #   bench/tftp_http.sh [--rounds 3] [--seconds 5] [--only "tftp storm single http wrk"] [--raw FILE]
 #     [--match REGEX]   (TFTP load and storm cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
 #     [--storm-fetches 5]
+#     [--tftp-peers "tftpd-hpa dnsmasq"]   (the TFTP peers measured beside Plinth)
 # Environment: PLINTH_BIN (default: $CARGO_TARGET_DIR or target, /release/plinth, built if missing),
 #   PLINTH_SCHEMA_DIR (Talos JSON schemas; default ../shared/talos/schemas when present).
 # Peer settings worth knowing: dnsmasq gets --tftp-max=1000 (its default of 50 concurrent
@@ -46,6 +47,7 @@ ROUNDS=3
 SECS=5
 ONLY="tftp storm single http wrk"
 STORM_FETCHES=5
+TFTP_PEERS="tftpd-hpa dnsmasq"
 RAW=""
 MATCH=""
 while [ $# -gt 0 ]; do
@@ -56,6 +58,7 @@ while [ $# -gt 0 ]; do
         --raw) RAW="$2"; shift 2 ;;
         --match) MATCH="$2"; shift 2 ;;
         --storm-fetches) STORM_FETCHES="$2"; shift 2 ;;
+        --tftp-peers) TFTP_PEERS="$2"; shift 2 ;;
         *) echo "unknown argument $1" >&2; exit 2 ;;
     esac
 done
@@ -119,6 +122,7 @@ TALOS=v1.11.6
 VANILLA=376567988ad370138ad8b2698212367b8edcb69b5fd68c80be1f2ec7d603b4ba
 CFG=$WORK/plinth.toml
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secret.key"
+chmod 600 "$WORK/secret.key" # Plinth refuses a key others may read
 {
     cat <<EOF
 data_dir = "$WORK/data"
@@ -303,7 +307,7 @@ record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RESULTS"; [ -z "$RA
 
 # Correctness first: each server and client config delivers the right bytes.
 SUM1M=$(sha256sum <"$TFTP_DIR/f1m.bin")
-for srv in plinth tftpd-hpa dnsmasq; do
+for srv in plinth $TFTP_PEERS; do
     for c in curl-512 curl-1468 atftp-1468 atftp-1468-w16; do
         cmd=$(tftp_cmd $srv $c f1m.bin)
         cmd=${cmd//\/dev\/null/$WORK\/check}
@@ -326,7 +330,7 @@ if want tftp; then
                 name="tftp $file x$conc $c"
                 if [ -n "$MATCH" ] && ! grep -Eq -- "$MATCH" <<<"$name"; then continue; fi
                 for r in $(seq 1 "$ROUNDS"); do
-                    for srv in plinth tftpd-hpa dnsmasq; do
+                    for srv in plinth $TFTP_PEERS; do
                         read -r ok fail el < <(run_client python3 "$WORK/load.py" loop "$conc" "$SECS" $(tftp_cmd $srv $c $file))
                         v=$(awk -v o="$ok" -v e="$el" 'BEGIN {printf "%.1f", o/e}')
                         record "$name" "$srv" "$v" "$fail"
@@ -345,7 +349,7 @@ if want storm; then
                 name="tftp storm $file x$conc curl-$bs x$STORM_FETCHES"
                 if [ -n "$MATCH" ] && ! grep -Eq -- "$MATCH" <<<"$name"; then continue; fi
                 for r in $(seq 1 "$ROUNDS"); do
-                    for srv in plinth tftpd-hpa dnsmasq; do
+                    for srv in plinth $TFTP_PEERS; do
                         read -r ok fail el < <(run_client python3 "$WORK/load.py" "storm:$STORM_FETCHES" "$conc" 0 $(storm_cmd $srv $bs $file "$STORM_FETCHES"))
                         v=$(awk -v o="$ok" -v e="$el" 'BEGIN {printf "%.1f", o/e}')
                         record "$name" "$srv" "$v" "$fail"
@@ -365,7 +369,7 @@ if want single; then
         for c in $cases; do
             name="tftp single $file $c MB/s"
             for r in $(seq 1 "$ROUNDS"); do
-                for srv in plinth tftpd-hpa dnsmasq; do
+                for srv in plinth $TFTP_PEERS; do
                     read -r ok fail el < <(run_client python3 "$WORK/load.py" loop 1 "$SECS" $(tftp_cmd $srv $c $file))
                     v=$(awk -v o="$ok" -v e="$el" -v s="$size" 'BEGIN {printf "%.2f", o*s/e/1e6}')
                     record "$name" "$srv" "$v" "$fail"
@@ -442,7 +446,7 @@ if tftp:
     print("| TFTP case (completions/s; single: MB/s) | Plinth | tftpd-hpa | dnsmasq | Plinth / best peer |")
     print("|---|---:|---:|---:|---:|")
     for c in tftp:
-        best = max(x for x in (med(c, "tftpd-hpa"), med(c, "dnsmasq")) if x is not None)
+        best = max([x for x in (med(c, "tftpd-hpa"), med(c, "dnsmasq")) if x is not None] or [0])
         p = med(c, "plinth")
         print("| %s | %s | %s | %s | %.2f |" % (c[5:], cell(c, "plinth"), cell(c, "tftpd-hpa"), cell(c, "dnsmasq"), p / best if best else float("nan")))
     print()

@@ -27,6 +27,10 @@ impl FromStr for MacAddr {
     type Err = MacParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
+        // The stored form (`aa:bb:cc:dd:ee:ff`) without an allocation: every lease row read.
+        if let Some(mac) = Self::parse_colon(s.as_bytes()) {
+            return Ok(mac);
+        }
         let hex: String = s
             .trim()
             .chars()
@@ -49,14 +53,48 @@ impl FromStr for MacAddr {
     }
 }
 
+impl MacAddr {
+    /// The colon form's 17 bytes (`aa:bb:cc:dd:ee:ff`), written without the formatting
+    /// machinery: every lease write and inventory look-up binds a MAC as text.
+    fn colon_form(&self) -> [u8; 17] {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [b':'; 17];
+        for (i, o) in self.0.iter().enumerate() {
+            out[i * 3] = HEX[usize::from(o >> 4)];
+            out[i * 3 + 1] = HEX[usize::from(o & 0xf)];
+        }
+        out
+    }
+
+    /// Parse exactly `xx:xx:xx:xx:xx:xx` (either case).
+    fn parse_colon(b: &[u8]) -> Option<MacAddr> {
+        fn nibble(c: u8) -> Option<u8> {
+            match c {
+                b'0'..=b'9' => Some(c - b'0'),
+                b'a'..=b'f' => Some(c - b'a' + 10),
+                b'A'..=b'F' => Some(c - b'A' + 10),
+                _ => None,
+            }
+        }
+        if b.len() != 17 {
+            return None;
+        }
+        let mut out = [0u8; 6];
+        for (i, o) in out.iter_mut().enumerate() {
+            if i > 0 && b[i * 3 - 1] != b':' {
+                return None;
+            }
+            *o = nibble(b[i * 3])? << 4 | nibble(b[i * 3 + 1])?;
+        }
+        Some(MacAddr(out))
+    }
+}
+
 impl fmt::Display for MacAddr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let o = self.0;
-        write!(
-            f,
-            "{:02x}:{:02x}:{:02x}:{:02x}:{:02x}:{:02x}",
-            o[0], o[1], o[2], o[3], o[4], o[5]
-        )
+        let text = self.colon_form();
+        // Hex digits and colons only: always UTF-8.
+        f.pad(std::str::from_utf8(&text).map_err(|_| fmt::Error)?)
     }
 }
 

@@ -17,6 +17,8 @@
 //! front door.
 
 mod group_commit;
+mod inventory_view;
+mod lease_view;
 mod postgres;
 mod sqlite;
 

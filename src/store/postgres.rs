@@ -68,6 +68,8 @@ const MIGRATIONS_TABLE_EXISTS: &str =
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
 type Store = PgStore;
+/// A turn at the writer (PostgreSQL has none to take: always `None`).
+type Turn<'a> = tokio::sync::SemaphorePermit<'a>;
 
 /// The PostgreSQL implementation of the store ports.
 #[derive(Clone, Debug)]
@@ -116,7 +118,13 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
         Ok(Self {
-            group_commit: GroupCommit::spawn(batch::Batch(lease_read.clone()), LEASE_WRITERS),
+            group_commit: GroupCommit::spawn(
+                batch::Batch {
+                    pool: lease_read.clone(),
+                    view: None,
+                },
+                LEASE_WRITERS,
+            ),
             write: pool.clone(),
             read: pool,
             lease_read,
@@ -131,4 +139,17 @@ impl PgStore {
 
     /// Several instances may allocate from one PostgreSQL lease table.
     const SHARED: bool = true;
+
+    /// Other instances write the shared lease table: no view of it in memory (see `lease_view`).
+    fn lease_view(&self) -> Option<&super::lease_view::LeaseView> {
+        None
+    }
+
+    /// Nor of the shared inventory (see `inventory_view`).
+    fn inventory_view(&self) -> Option<&super::inventory_view::InventoryView> {
+        None
+    }
+
+    /// No inventory view to reload.
+    fn refresh_inventory(&self) {}
 }

@@ -173,13 +173,49 @@ pub enum TransferError {
     Io(#[from] std::io::Error),
 }
 
-/// Wait for an ACK until `deadline`: `Ok(Some(block))`, `Ok(None)` at the deadline.
-async fn ack(socket: &UdpSocket, deadline: Instant) -> Result<Option<u16>, TransferError> {
+/// A transfer's one retransmission timer. Arming it per window only moves a deadline; the
+/// timer under it is reset when it fires early (at most once per timeout), not for every block:
+/// a lock-step transfer arms it for each of its blocks, and registering a timer with the runtime
+/// for each was a lock and a wheel update per block.
+struct Retransmit {
+    sleep: std::pin::Pin<Box<tokio::time::Sleep>>,
+    deadline: Instant,
+}
+
+impl Retransmit {
+    fn new(timeout: Duration) -> Self {
+        let deadline = Instant::now() + timeout;
+        Retransmit {
+            sleep: Box::pin(tokio::time::sleep_until(deadline)),
+            deadline,
+        }
+    }
+
+    /// The window (or OACK) just sent is retransmitted after `timeout` without an ACK.
+    fn arm(&mut self, timeout: Duration) {
+        self.deadline = Instant::now() + timeout;
+    }
+
+    /// Ready once the armed deadline has passed.
+    async fn expired(&mut self) {
+        loop {
+            self.sleep.as_mut().await;
+            if Instant::now() >= self.deadline {
+                return;
+            }
+            self.sleep.as_mut().reset(self.deadline);
+        }
+    }
+}
+
+/// Wait for an ACK until the timer's deadline: `Ok(Some(block))`, `Ok(None)` at the deadline.
+async fn ack(socket: &UdpSocket, timer: &mut Retransmit) -> Result<Option<u16>, TransferError> {
     let mut buf = [0u8; 516];
     loop {
-        let n = match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-            Err(_) => return Ok(None),
-            Ok(r) => r?,
+        let n = tokio::select! {
+            biased;
+            r = socket.recv(&mut buf) => r?,
+            () = timer.expired() => return Ok(None),
         };
         match wire::parse_reply(&buf[..n]) {
             Reply::Ack(b) => return Ok(Some(b)),
@@ -196,13 +232,14 @@ pub async fn send(
     source: &Source,
     neg: &Negotiated,
 ) -> Result<u64, TransferError> {
+    let mut timer = Retransmit::new(neg.timeout);
     // The OACK waits for ACK 0 (RFC 2347), with retransmissions like a window.
     if let Some(oack) = &neg.oack {
         let mut tries = 0;
         loop {
             socket.send(oack).await?;
-            let deadline = Instant::now() + neg.timeout;
-            match ack(socket, deadline).await? {
+            timer.arm(neg.timeout);
+            match ack(socket, &mut timer).await? {
                 Some(0) => break,
                 Some(_) => continue,
                 None if tries < neg.retries => tries += 1,
@@ -233,9 +270,9 @@ pub async fn send(
                 packet.extend_from_slice(&window.bytes[from.min(to)..to]);
                 socket.send(&packet).await?;
             }
-            let deadline = Instant::now() + neg.timeout;
+            timer.arm(neg.timeout);
             loop {
-                let Some(acked) = ack(socket, deadline).await? else {
+                let Some(acked) = ack(socket, &mut timer).await? else {
                     if tries >= neg.retries {
                         return Err(TransferError::TimedOut(tries));
                     }

@@ -151,6 +151,56 @@ async fn tftp_serves_read_only_inside_its_root() {
     server.finish().await;
 }
 
+/// A storm of 80 curl clients from one address (more than the 64 transfers one address may run
+/// at once), all started together: every one gets the whole file, and no request was dropped as
+/// `busy` (past the per-address cap a request waits for a transfer to end; before, the cap was 8
+/// and the rest were dropped until curl resent them seconds later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tftp_serves_eighty_clients_of_one_address_without_dropping_one() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = dir.path().join("root");
+    std::fs::create_dir(&root).expect("root");
+    let file = payload(100_000);
+    std::fs::write(root.join("undionly.kpxe"), &file).expect("file");
+    let server = tftp_server(&root).await;
+    let addr = server.tftp_addr.expect("tftp on");
+    let url = format!("tftp://{addr}/undionly.kpxe");
+    let mut kids = Vec::new();
+    for i in 0..80 {
+        let out = dir.path().join(format!("c{i}"));
+        kids.push((
+            out.clone(),
+            Command::new("curl")
+                .args(["-sS", "--max-time", "120", "-o"])
+                .arg(&out)
+                .arg(&url)
+                .spawn()
+                .expect("curl"),
+        ));
+    }
+    let mut served = 0;
+    for (out, mut k) in kids {
+        let ok = k.wait().expect("wait").success();
+        if ok && std::fs::read(&out).expect("read") == file {
+            served += 1;
+        }
+    }
+    let metrics = get(&server, "/metrics").await.text;
+    let count = |outcome: &str| -> f64 {
+        let family = format!("plinth_tftp_requests_total{{outcome=\"{outcome}\"}}");
+        metrics
+            .lines()
+            .find(|l| l.starts_with(&family))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    };
+    assert_eq!(served, 80, "clients served whole");
+    assert_eq!(count("busy"), 0.0, "no request dropped: {metrics}");
+    assert_eq!(count("served"), 80.0, "one transfer each: {metrics}");
+    server.finish().await;
+}
+
 async fn get(s: &TestServer, path: &str) -> support::Answer {
     s.client.get(s.url(path)).answer().await
 }

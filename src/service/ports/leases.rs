@@ -175,6 +175,18 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// The inventory's reservation for a MAC.
     async fn reservation(&self, mac: MacAddr) -> Result<Option<Reservation>, StoreError>;
 
+    /// The machines of the inventory that own any of `macs` (absent MACs are nobody's): one
+    /// look-up for many, as the boot timeline resolves a batch of steps.
+    async fn owners(&self, macs: &[MacAddr]) -> Result<Vec<(MacAddr, MachineId)>, StoreError> {
+        let mut out = Vec::new();
+        for mac in macs {
+            if let Some(r) = self.reservation(*mac).await? {
+                out.push((*mac, r.machine_id));
+            }
+        }
+        Ok(out)
+    }
+
     /// Is `ip` reserved in the inventory for a MAC other than `mac`?
     async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError>;
 

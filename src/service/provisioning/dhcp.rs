@@ -252,11 +252,90 @@ fn reusable(l: &Lease, mac: MacAddr, now: i64) -> bool {
 
 /// Addresses held by clients the inventory does not know, and by relay circuits, per subnet: the
 /// quotas that keep a flood of made-up MACs (or one switch port) from taking the whole pool. In
-/// memory, per instance (instances sharing PostgreSQL each keep their own share).
+/// memory, per instance (instances sharing PostgreSQL each keep their own share). Counted as the
+/// holds change, so a check costs the same with a thousand holds as with one (it scanned every
+/// hold, twice, for each offer and ACK).
 #[derive(Default)]
 struct Quota {
     /// Address -> (holder, until (Unix ms), relay circuit).
     holds: HashMap<Ipv4Addr, (MacAddr, i64, Option<String>)>,
+    /// Each holder's addresses.
+    by_mac: HashMap<MacAddr, Vec<Ipv4Addr>>,
+    /// Holds per relay circuit.
+    per_circuit: HashMap<String, usize>,
+    /// (until, address) of every hold, soonest first; entries of holds since changed are skipped.
+    expiry: std::collections::BinaryHeap<std::cmp::Reverse<(i64, Ipv4Addr)>>,
+}
+
+impl Quota {
+    fn remove(&mut self, ip: Ipv4Addr) {
+        let Some((mac, _, circuit)) = self.holds.remove(&ip) else {
+            return;
+        };
+        if let Some(ips) = self.by_mac.get_mut(&mac) {
+            ips.retain(|i| *i != ip);
+            if ips.is_empty() {
+                self.by_mac.remove(&mac);
+            }
+        }
+        if let Some(c) = circuit {
+            if let Some(n) = self.per_circuit.get_mut(&c) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    self.per_circuit.remove(&c);
+                }
+            }
+        }
+    }
+
+    fn insert(&mut self, ip: Ipv4Addr, mac: MacAddr, until: i64, circuit: Option<String>) {
+        self.remove(ip);
+        self.by_mac.entry(mac).or_default().push(ip);
+        if let Some(c) = &circuit {
+            *self.per_circuit.entry(c.clone()).or_default() += 1;
+        }
+        self.holds.insert(ip, (mac, until, circuit));
+        self.expiry.push(std::cmp::Reverse((until, ip)));
+        // Refreshed holds leave their old entries behind: start over when they outnumber the rest.
+        if self.expiry.len() > 2 * self.holds.len() + 1024 {
+            self.expiry = self
+                .holds
+                .iter()
+                .map(|(ip, (_, until, _))| std::cmp::Reverse((*until, *ip)))
+                .collect();
+        }
+    }
+
+    /// Drop the holds that ended before `now`.
+    fn prune(&mut self, now: i64) {
+        while let Some(std::cmp::Reverse((until, ip))) = self.expiry.peek().copied() {
+            if until >= now {
+                break;
+            }
+            self.expiry.pop();
+            if self.holds.get(&ip).is_some_and(|(_, u, _)| *u == until) {
+                self.remove(ip);
+            }
+        }
+    }
+
+    /// Holds of holders other than `mac`: in all, and on `circuit`.
+    fn of_others(&self, mac: MacAddr, circuit: Option<&String>) -> (usize, usize) {
+        let own = self.by_mac.get(&mac).map_or(&[][..], |v| &v[..]);
+        let all = self.holds.len() - own.len();
+        let on_circuit = circuit.map_or(0, |c| {
+            let own_there = own
+                .iter()
+                .filter(|ip| {
+                    self.holds
+                        .get(ip)
+                        .is_some_and(|(_, _, held)| held.as_ref() == Some(c))
+                })
+                .count();
+            self.per_circuit.get(c).copied().unwrap_or(0) - own_there
+        });
+        (all, on_circuit)
+    }
 }
 
 /// Why a new address was not given.
@@ -414,37 +493,27 @@ impl DhcpService {
         if req.known && circuit.is_none() {
             // A client the inventory knows now (discovered since) no longer counts as unknown.
             if q.holds.get(&ip).is_some_and(|(mac, _, _)| *mac == req.mac) {
-                q.holds.remove(&ip);
+                q.remove(ip);
             }
             return Ok(());
         }
-        let now = now_ms();
-        if let Some((mac, _, _)) = q.holds.get(&ip) {
-            if *mac == req.mac {
-                q.holds.insert(ip, (req.mac, until, circuit));
-                return Ok(());
-            }
+        if q.holds.get(&ip).is_some_and(|(mac, _, _)| *mac == req.mac) {
+            q.insert(ip, req.mac, until, circuit);
+            return Ok(());
         }
-        q.holds.retain(|_, (_, held_until, _)| *held_until >= now);
-        let pool: u64 = subnet.pool.iter().map(|r| r.len()).sum();
+        q.prune(now_ms());
+        let (others, on_circuit) = q.of_others(req.mac, circuit.as_ref());
         if !req.known {
+            let pool: u64 = subnet.pool.iter().map(|r| r.len()).sum();
             let share = (pool * u64::from(subnet.unknown_permille) / 1000).max(1) as usize;
-            let unknown = q.holds.values().filter(|(m, _, _)| *m != req.mac).count();
-            if unknown >= share {
+            if others >= share {
                 return Err(OverQuota::Unknown);
             }
         }
-        if let Some(c) = &circuit {
-            let on_circuit = q
-                .holds
-                .values()
-                .filter(|(m, _, held)| held.as_ref() == Some(c) && *m != req.mac)
-                .count();
-            if on_circuit >= subnet.leases_per_circuit as usize {
-                return Err(OverQuota::Circuit);
-            }
+        if circuit.is_some() && on_circuit >= subnet.leases_per_circuit as usize {
+            return Err(OverQuota::Circuit);
         }
-        q.holds.insert(ip, (req.mac, until, circuit));
+        q.insert(ip, req.mac, until, circuit);
         Ok(())
     }
 
@@ -452,7 +521,7 @@ impl DhcpService {
     fn forget_hold(&self, subnet: &Arc<Subnet>, ip: Ipv4Addr) {
         if let Ok(mut quotas) = self.quotas.lock() {
             if let Some(q) = quotas.get_mut(&subnet.net) {
-                q.holds.remove(&ip);
+                q.remove(ip);
             }
         }
     }

@@ -33,8 +33,9 @@ pub const RESOLVED_FOR: Duration = Duration::from_secs(1);
 /// Names remembered at most (clients choose names: the map is cleared when full).
 const RESOLVED_MAX: usize = 64;
 
-/// A resolved name: the file and its length, and when that was seen.
-type Resolved = HashMap<String, (PathBuf, u64, Instant)>;
+/// A resolved name: the file and its length, when that was seen, and since when one caller is
+/// resolving it again.
+type Resolved = HashMap<String, (PathBuf, u64, Instant, Option<Instant>)>;
 
 /// The directory of boot files.
 #[derive(Clone, Debug)]
@@ -53,24 +54,45 @@ impl BootFiles {
     }
 
     /// `requested`'s file and length if it was resolved less than [`RESOLVED_FOR`] ago (no
-    /// file-system call).
+    /// file-system call). Once that has passed, one caller is told to resolve it again (`None`)
+    /// while the others keep the answer until that caller has one (at most another
+    /// [`RESOLVED_FOR`]): a storm's requests make one re-check, not one each.
     pub fn recent(&self, requested: &str) -> Option<(PathBuf, u64)> {
-        let map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(requested)
-            .filter(|(_, _, at)| at.elapsed() < RESOLVED_FOR)
-            .map(|(p, len, _)| (p.clone(), *len))
+        let mut map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+        let (path, len, at, checking) = map.get_mut(requested)?;
+        if at.elapsed() >= RESOLVED_FOR {
+            match checking {
+                Some(since) if since.elapsed() < RESOLVED_FOR => {}
+                _ => {
+                    *checking = Some(Instant::now());
+                    return None;
+                }
+            }
+        }
+        Some((path.clone(), *len))
     }
 
     /// Resolve `requested` and read its length (blocking file-system calls); remembered for
     /// [`BootFiles::recent`].
     pub fn resolve_len(&self, requested: &str) -> Result<(PathBuf, u64), FileRefusal> {
-        let path = self.resolve(requested)?;
+        let path = match self.resolve(requested) {
+            Ok(p) => p,
+            Err(e) => {
+                // Gone (or now outside): nobody is answered from the old resolution.
+                let mut map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
+                map.remove(requested);
+                return Err(e);
+            }
+        };
         let len = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
         let mut map = self.resolved.lock().unwrap_or_else(|e| e.into_inner());
         if map.len() >= RESOLVED_MAX && !map.contains_key(requested) {
             map.clear();
         }
-        map.insert(requested.to_string(), (path.clone(), len, Instant::now()));
+        map.insert(
+            requested.to_string(),
+            (path.clone(), len, Instant::now(), None),
+        );
         Ok((path, len))
     }
 

@@ -283,6 +283,35 @@ impl Identities {
         Ok(id)
     }
 
+    /// Look up the owners of those of `macs` not remembered, in one query, and remember them:
+    /// `machine_of_mac` then answers from memory. A storm of unknown clients costs one look-up
+    /// per batch of the boot timeline, not one per MAC.
+    pub async fn remember_owners(
+        &self,
+        macs: impl IntoIterator<Item = MacAddr>,
+    ) -> Result<(), StoreError> {
+        let missing: Vec<MacAddr> = {
+            let cache = self.cache();
+            let mut seen = HashSet::new();
+            macs.into_iter()
+                .filter(|m| fresh(&cache.by_mac, m).is_none() && seen.insert(*m))
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let found: HashMap<MacAddr, MachineId> =
+            self.leases.owners(&missing).await?.into_iter().collect();
+        for mac in found.keys() {
+            self.learn(*mac);
+        }
+        let mut cache = self.cache();
+        for mac in missing {
+            remember(&mut cache.by_mac, mac, found.get(&mac).copied());
+        }
+        Ok(())
+    }
+
     /// The machine at `ip`: the owner of the MAC its lease is bound to, else the machine that has
     /// it reserved.
     pub async fn machine_at(&self, ip: Ipv4Addr) -> Result<Option<MachineId>, StoreError> {

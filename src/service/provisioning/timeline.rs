@@ -106,6 +106,13 @@ impl Timeline {
 /// half a minute).
 const QUEUE: usize = 65_536;
 
+/// How long the writer gathers steps after the first of a batch: a boot storm's steps (a
+/// TFTP read per transfer, two DHCP rounds per machine) are written a batch and a look-up at a
+/// time, not one each.
+const GATHER: Duration = Duration::from_millis(50);
+/// Steps in one batch at most.
+const BATCH: usize = 256;
+
 /// Steps of one kind for one machine written at once (a boot makes two DHCP rounds, PXE's and
 /// iPXE's, and a few TFTP and HTTP reads)...
 const STEP_BURST: f64 = 20.0;
@@ -145,13 +152,23 @@ async fn writer(
         };
         let Some(first) = first else { return };
         batch.push(first);
-        // Gather what arrives within a moment, up to a bounded batch.
-        let until = tokio::time::Instant::now() + Duration::from_millis(50);
-        while batch.len() < 256 {
-            match tokio::time::timeout_at(until, rx.recv()).await {
-                Ok(Some(s)) => batch.push(s),
+        // Gather what arrives within a moment (GATHER), up to a bounded batch (BATCH): one timer
+        // for the batch, the steps taken as many at a time as are queued.
+        let until = tokio::time::Instant::now() + GATHER;
+        while batch.len() < BATCH {
+            let room = BATCH - batch.len();
+            match tokio::time::timeout_at(until, rx.recv_many(&mut batch, room)).await {
+                Ok(n) if n > 0 => {}
                 _ => break,
             }
+        }
+        // The MACs of the batch whose machine is not remembered, in one look-up.
+        let macs = batch
+            .iter()
+            .filter(|s| s.machine.is_none())
+            .filter_map(|s| s.mac);
+        if let Err(e) = identities.remember_owners(macs).await {
+            tracing::warn!(error = %e, "boot timeline: machine look-up failed");
         }
         let mut events = Vec::with_capacity(batch.len());
         for step in batch.drain(..) {

@@ -9,14 +9,15 @@ use async_trait::async_trait;
 use sqlx::{QueryBuilder, Row as _};
 use uuid::Uuid;
 
-use super::{Db, Row, Store, Tx};
+use super::{Connection, Db, Row, Store};
 use crate::domain::{mac, MacAddr, MachineId};
 use crate::service::ports::{
     CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation, StoreError,
 };
 use crate::store::group_commit::{WriteOp, MAX_BATCH};
+use crate::store::lease_view::LeaseView;
 
-fn lease_row(r: &Row) -> Result<Lease, StoreError> {
+pub(super) fn lease_row(r: &Row) -> Result<Lease, StoreError> {
     let ip: i64 = r.try_get("ip")?;
     let mac: String = r.try_get("mac")?;
     let state: String = r.try_get("state")?;
@@ -39,7 +40,7 @@ fn lease_row(r: &Row) -> Result<Lease, StoreError> {
     })
 }
 
-const LEASE_COLS: &str = "ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, relay_remote_id, giaddr, updated_ms";
+pub(super) const LEASE_COLS: &str = "ip, subnet, mac, state, expires_ms, hostname, relay_circuit_id, relay_remote_id, giaddr, updated_ms";
 
 /// The conditional upsert of claims: a row is written only when its address is free,
 /// expired, released, or already this MAC's (and not declined); `RETURNING` names the
@@ -62,7 +63,39 @@ const CLAIM_UPSERT: &str =
     WHERE (dhcp_leases.mac = excluded.mac AND dhcp_leases.state <> 'declined') \
        OR dhcp_leases.expires_ms < excluded.updated_ms \
        OR dhcp_leases.state IN ('released', 'expired') \
-    RETURNING ip";
+    RETURNING ";
+
+/// The rows a batch's statements wrote, for the store's lease view (applied once the
+/// transaction committed); `view` is `None` where there is none (PostgreSQL), and then the
+/// statements return only what decides their results.
+pub(super) struct Written<'v> {
+    pub(super) view: Option<&'v LeaseView>,
+    pub(super) rows: Vec<Lease>,
+}
+
+impl Written<'_> {
+    /// What a statement that changes lease rows returns: every column for the view, else the
+    /// address.
+    fn returning(&self) -> &'static str {
+        if self.view.is_some() {
+            LEASE_COLS
+        } else {
+            "ip"
+        }
+    }
+
+    /// Does the MAC of `l` have another row in its subnet that a claim of `l` expires? Only
+    /// when the view and this batch's own writes show none is the answer "no".
+    pub(super) fn may_expire_others(&self, l: &Lease) -> bool {
+        let Some(view) = self.view else {
+            return true;
+        };
+        self.rows
+            .iter()
+            .any(|r| r.mac == l.mac && r.subnet == l.subnet && r.ip != l.ip)
+            || view.has_others(&l.subnet, l.mac, l.ip, l.state == LeaseState::Bound)
+    }
+}
 
 pub(super) fn ip_key(ip: Ipv4Addr) -> i64 {
     i64::from(u32::from(ip))
@@ -91,7 +124,11 @@ fn chunks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
 /// only when this claim binds (an offer, say to a late duplicate DISCOVER, never ends
 /// an acknowledged lease). A claim of an address that an earlier claim of the same run
 /// frees this way is refused, as if it came first: conservative, never a double grant.
-async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, StoreError> {
+async fn claim_run(
+    conn: &mut Connection,
+    claims: &[&Lease],
+    written: &mut Written<'_>,
+) -> Result<Vec<bool>, StoreError> {
     let mut sorted: Vec<&Lease> = claims.to_vec();
     sorted.sort_by_key(|l| l.ip);
     let mut granted: HashSet<i64> = HashSet::new();
@@ -110,13 +147,25 @@ async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, Stor
                 .push_bind(l.updated_ms);
         });
         qb.push(CLAIM_UPSERT);
-        let rows: Vec<i64> = qb.build_query_scalar().fetch_all(&mut **tx).await?;
-        granted.extend(rows);
+        qb.push(written.returning());
+        if written.view.is_some() {
+            let rows = qb.build().fetch_all(&mut *conn).await?;
+            for r in &rows {
+                let l = lease_row(r)?;
+                granted.insert(ip_key(l.ip));
+                written.rows.push(l);
+            }
+        } else {
+            let rows: Vec<i64> = qb.build_query_scalar().fetch_all(&mut *conn).await?;
+            granted.extend(rows);
+        }
     }
+    // The MACs granted here that may hold other rows to expire (with a view, most hold none and
+    // the statement is skipped).
     let won: Vec<&Lease> = claims
         .iter()
         .copied()
-        .filter(|l| granted.contains(&ip_key(l.ip)))
+        .filter(|l| granted.contains(&ip_key(l.ip)) && written.may_expire_others(l))
         .collect();
     let now = won.iter().map(|l| l.updated_ms).max().unwrap_or(0);
     for range in chunks(won.len()) {
@@ -151,7 +200,17 @@ async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, Stor
              AND dhcp_leases.ip <> k.column3 \
              AND (dhcp_leases.state = 'offered' OR (dhcp_leases.state = 'bound' AND k.column4 = 1))",
         );
-        qb.build().execute(&mut **tx).await?;
+        if written.view.is_some() {
+            qb.push(" RETURNING ");
+            // Qualified: `FROM (VALUES ...)` has columns of its own.
+            qb.push(QUALIFIED_COLS);
+            let rows = qb.build().fetch_all(&mut *conn).await?;
+            for r in &rows {
+                written.rows.push(lease_row(r)?);
+            }
+        } else {
+            qb.build().execute(&mut *conn).await?;
+        }
     }
     Ok(claims
         .iter()
@@ -159,14 +218,50 @@ async fn claim_run(tx: &mut Tx<'_>, claims: &[&Lease]) -> Result<Vec<bool>, Stor
         .collect())
 }
 
+/// `LEASE_COLS` of `dhcp_leases` by name, for a statement with another table in it.
+const QUALIFIED_COLS: &str = "dhcp_leases.ip AS ip, dhcp_leases.subnet AS subnet, \
+    dhcp_leases.mac AS mac, dhcp_leases.state AS state, dhcp_leases.expires_ms AS expires_ms, \
+    dhcp_leases.hostname AS hostname, dhcp_leases.relay_circuit_id AS relay_circuit_id, \
+    dhcp_leases.relay_remote_id AS relay_remote_id, dhcp_leases.giaddr AS giaddr, \
+    dhcp_leases.updated_ms AS updated_ms";
+
+/// End `ip`'s lease if `mac` holds it (one statement of the batch): whether it did.
+pub(super) async fn end(
+    conn: &mut Connection,
+    (ip, mac, state, expires_ms, now_ms): (Ipv4Addr, MacAddr, LeaseState, i64, i64),
+    written: &mut Written<'_>,
+) -> Result<bool, StoreError> {
+    let sql = format!(
+        "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 \
+         WHERE ip = $4 AND mac = $5 RETURNING {}",
+        written.returning()
+    );
+    let q = sqlx::query(&sql)
+        .bind(state.as_str())
+        .bind(expires_ms)
+        .bind(now_ms)
+        .bind(ip_key(ip))
+        .bind(mac.to_string());
+    let row = q.fetch_optional(&mut *conn).await?;
+    match (row, written.view.is_some()) {
+        (None, _) => Ok(false),
+        (Some(r), true) => {
+            written.rows.push(lease_row(&r)?);
+            Ok(true)
+        }
+        (Some(_), false) => Ok(true),
+    }
+}
+
 /// Write the pending run of claims.
 pub(super) async fn flush(
-    tx: &mut Tx<'_>,
+    conn: &mut Connection,
     run: &mut Vec<&Lease>,
     out: &mut Vec<bool>,
+    written: &mut Written<'_>,
 ) -> Result<(), StoreError> {
     if !run.is_empty() {
-        out.extend(claim_run(tx, run).await?);
+        out.extend(claim_run(conn, run, written).await?);
         run.clear();
     }
     Ok(())
@@ -183,6 +278,9 @@ impl LeaseStore for Store {
     }
 
     async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
+        if let Some(view) = self.lease_view() {
+            return Ok(view.by_ip(ip));
+        }
         let row = sqlx::query(&format!(
             "SELECT {LEASE_COLS} FROM dhcp_leases WHERE ip = $1"
         ))
@@ -193,6 +291,9 @@ impl LeaseStore for Store {
     }
 
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
+        if let Some(view) = self.lease_view() {
+            return Ok(view.newest(subnet, mac));
+        }
         let row = sqlx::query(&format!(
             "SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $1 AND mac = $2 \
              AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1"
@@ -224,6 +325,9 @@ impl LeaseStore for Store {
     }
 
     async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<Ipv4Addr>, StoreError> {
+        if let Some(view) = self.lease_view() {
+            return Ok(view.busy(subnet, now_ms));
+        }
         let rows: Vec<i64> = sqlx::query_scalar(
             "SELECT ip FROM dhcp_leases WHERE subnet = $1 AND expires_ms >= $2 \
              AND state IN ('offered', 'bound', 'declined')",
@@ -240,6 +344,9 @@ impl LeaseStore for Store {
     }
 
     async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
+        if let Some(view) = self.lease_view() {
+            return Ok(view.of_mac(mac));
+        }
         let rows = sqlx::query(&format!(
             "SELECT {LEASE_COLS} FROM dhcp_leases WHERE mac = $1 ORDER BY updated_ms DESC"
         ))
@@ -263,7 +370,40 @@ impl LeaseStore for Store {
         }))
     }
 
+    async fn owners(&self, macs: &[MacAddr]) -> Result<Vec<(MacAddr, MachineId)>, StoreError> {
+        if let Some(inventory) = self.inventory_view() {
+            match inventory.owners(macs) {
+                Some(found) => return Ok(found),
+                None => self.refresh_inventory(),
+            }
+        }
+        let mut out = Vec::new();
+        for part in macs.chunks(super::super::CHUNK) {
+            let mut qb =
+                QueryBuilder::<Db>::new("SELECT mac, machine_id FROM interfaces WHERE mac IN (");
+            let mut sep = qb.separated(", ");
+            for mac in part {
+                sep.push_bind(mac.to_string());
+            }
+            qb.push(")");
+            for r in qb.build().fetch_all(&self.lease_read).await? {
+                let mac: String = r.try_get("mac")?;
+                let id: Uuid = r.try_get("machine_id")?;
+                if let Ok(mac) = mac.parse() {
+                    out.push((mac, MachineId(id)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError> {
+        if let Some(facts) = self
+            .inventory_view()
+            .and_then(|v| v.facts(mac, [Some(ip), None]))
+        {
+            return Ok(!facts.reserved_for_other.is_empty());
+        }
         let n: i64 =
             sqlx::query_scalar("SELECT COUNT(*) FROM interfaces WHERE ipv4 = $1 AND mac <> $2")
                 .bind(ip.to_string())
@@ -279,29 +419,42 @@ impl LeaseStore for Store {
         mac: MacAddr,
         ips: [Option<Ipv4Addr>; 2],
     ) -> Result<ClientFacts, StoreError> {
-        // The lease joined by its address (a scalar look-up of the newest one), not a subquery
-        // materialised per call; with `dhcp_leases_mac_recent_idx` no temporary b-tree at all.
-        let row = sqlx::query(
-            "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
-             (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
-             (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
-              WHERE i.mac = $1) AS pin_relay, \
-             (SELECT p.circuit_id FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
-              WHERE i.mac = $1) AS pin_circuit, \
-             (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
-             (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
-             l.ip, l.subnet, l.mac, l.state, l.expires_ms, l.hostname, l.relay_circuit_id, \
-             l.relay_remote_id, l.giaddr, l.updated_ms \
-             FROM (SELECT 1 AS one) AS o LEFT JOIN dhcp_leases l ON l.ip = \
-             (SELECT ip FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
-              AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1)",
-        )
-        .bind(mac.to_string())
-        .bind(ips[0].map(|ip| ip.to_string()))
-        .bind(ips[1].map(|ip| ip.to_string()))
-        .bind(subnet)
-        .fetch_one(&self.lease_read)
-        .await?;
+        // With an inventory view that is current (SQLite, between writes), no query at all.
+        if let Some(inventory) = self.inventory_view() {
+            match inventory.facts(mac, ips) {
+                Some(mut facts) => {
+                    facts.lease = self.lease_view().and_then(|v| v.newest(subnet, mac));
+                    return Ok(facts);
+                }
+                None => self.refresh_inventory(),
+            }
+        }
+        // With a lease view (SQLite) the lease comes from memory and the query reads the
+        // inventory only. Else the lease joined by its address (a scalar look-up of the newest
+        // one), not a subquery materialised per call; with `dhcp_leases_mac_recent_idx` no
+        // temporary b-tree at all.
+        let view = self.lease_view();
+        let mac_text = mac.to_string();
+        let ip_text = |i: usize| ips[i].map(|ip| ip.to_string());
+        let row = match view {
+            Some(_) => {
+                sqlx::query(INVENTORY_FACTS)
+                    .bind(&mac_text)
+                    .bind(ip_text(0))
+                    .bind(ip_text(1))
+                    .fetch_one(&self.lease_read)
+                    .await?
+            }
+            None => {
+                sqlx::query(CLIENT_FACTS)
+                    .bind(&mac_text)
+                    .bind(ip_text(0))
+                    .bind(ip_text(1))
+                    .bind(subnet)
+                    .fetch_one(&self.lease_read)
+                    .await?
+            }
+        };
         let reserved: Option<String> = row.try_get("reserved_ip")?;
         let owner: Option<Uuid> = row.try_get("owner")?;
         let pin_relay: Option<String> = row.try_get("pin_relay")?;
@@ -327,9 +480,14 @@ impl LeaseStore for Store {
                 facts.reserved_for_other.push(*ip);
             }
         }
-        let lease_ip: Option<i64> = row.try_get("ip")?;
-        if lease_ip.is_some() {
-            facts.lease = Some(lease_row(&row)?);
+        match view {
+            Some(view) => facts.lease = view.newest(subnet, mac),
+            None => {
+                let lease_ip: Option<i64> = row.try_get("ip")?;
+                if lease_ip.is_some() {
+                    facts.lease = Some(lease_row(&row)?);
+                }
+            }
         }
         Ok(facts)
     }
@@ -400,6 +558,32 @@ impl LeaseStore for Store {
         Ok(())
     }
 }
+
+/// What the inventory says about a MAC ($1) and two addresses ($2, $3): its reservation, its
+/// machine and that machine's circuit pin, and whether each address is reserved for another MAC.
+const INVENTORY_FACTS: &str = "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
+     (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
+     (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+      WHERE i.mac = $1) AS pin_relay, \
+     (SELECT p.circuit_id FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+      WHERE i.mac = $1) AS pin_circuit, \
+     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
+     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved";
+
+/// `INVENTORY_FACTS` and the MAC's newest offered or bound lease in subnet $4, in one query.
+const CLIENT_FACTS: &str = "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
+     (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
+     (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+      WHERE i.mac = $1) AS pin_relay, \
+     (SELECT p.circuit_id FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
+      WHERE i.mac = $1) AS pin_circuit, \
+     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
+     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
+     l.ip, l.subnet, l.mac, l.state, l.expires_ms, l.hostname, l.relay_circuit_id, \
+     l.relay_remote_id, l.giaddr, l.updated_ms \
+     FROM (SELECT 1 AS one) AS o LEFT JOIN dhcp_leases l ON l.ip = \
+     (SELECT ip FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
+      AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1)";
 
 const PIN_COLS: &str = "relay, circuit_id, remote_id, pinned_at, pinned_by";
 
