@@ -172,7 +172,10 @@ pub(super) fn fold_pattern(names: &[String]) -> String {
             for c in go_lower(name).chars() {
                 let upper: String = c.to_uppercase().collect();
                 // An upper-case form only where Go lowers it back to `c` (not `S` for `ſ`).
-                if upper.chars().count() == 1 && upper != c.to_string() && go_lower(&upper) == c.to_string() {
+                if upper.chars().count() == 1
+                    && upper != c.to_string()
+                    && go_lower(&upper) == c.to_string()
+                {
                     out.push('[');
                     out.push(c);
                     out.push_str(&upper);
@@ -285,7 +288,13 @@ mod tests {
         // FailOverMAC parses exactly: its enum stays.
         assert!(props["failOverMac"].get("enum").is_some());
         let v = jsonschema::validator_for(&props["bondMode"]).expect("compiles");
-        for ok in ["balance-rr", "BALANCE-RR", "Balance-Rr", "802.3AD", "802.3ad"] {
+        for ok in [
+            "balance-rr",
+            "BALANCE-RR",
+            "Balance-Rr",
+            "802.3AD",
+            "802.3ad",
+        ] {
             assert!(v.is_valid(&json!(ok)), "{ok}");
         }
         for bad in ["balance_rr", "802x3ad", "balance-rr ", "bal", "ſ"] {

@@ -275,7 +275,9 @@ fn encryption(d: &mut Doc<'_, '_>, ctx: &Ctx) {
 fn filesystem(d: &mut Doc<'_, '_>, ctx: &Ctx) {
     let t = canonical(
         d.text("filesystem.type"),
-        &["none", "xfs", "vfat", "ext4", "iso9660", "swap", "virtiofs", "btrfs"],
+        &[
+            "none", "xfs", "vfat", "ext4", "iso9660", "swap", "virtiofs", "btrfs",
+        ],
     );
     let ok = match t {
         "" | "none" | "xfs" | "ext4" => true,
