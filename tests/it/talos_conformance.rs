@@ -74,6 +74,8 @@ const CRI_BASE_SPEC: &str = "pkg/machinery/config/types/cri/base_runtime_spec.go
 const V1_TYPES: &str = "pkg/machinery/config/types/v1alpha1/v1alpha1_types.go";
 const AGGREGATOR_CA: &str = "pkg/machinery/config/types/k8s/aggregator_ca.go";
 const SERVICE_ACCOUNT: &str = "pkg/machinery/config/types/k8s/service_account.go";
+const ENUMER: &str = "pkg/machinery/nethelpers/arpalltargets_enumer.go";
+const BLOCK_ENUMER: &str = "pkg/machinery/resources/block/volumetype_enumer.go";
 const REGISTRY_TLS: &str = "pkg/machinery/config/types/cri/registry_tls.go";
 
 const CASES: &[Case] = &[
@@ -1374,6 +1376,139 @@ const CASES: &[Case] = &[
         base: Base::ControlPlane,
         patches: &["machine: {install: {wipe: maybe}}"],
         verdicts: [Error("machine.install.wipe"); 4],
+    },
+    // Enums of `enumer -text` types: Talos' decoder reads them in any capitalisation
+    // (ENUMER, BLOCK_ENUMER); the `...ByName` switches of the v1alpha1 validator and
+    // `FailOverMAC` do not.
+    Case {
+        name: "BondConfig bond mode and hash policy in upper case",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BondConfig\nname: bond0\nlinks: [eth0, eth1]\nbondMode: Active-Backup\nxmitHashPolicy: LAYER3+4\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "802.3AD BondConfig without miimon (read as 802.3ad)",
+        talos: BOND,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BondConfig\nname: bond0\nlinks: [eth0, eth1]\nbondMode: 802.3AD\nupdelay: 200\ndowndelay: 200\n"],
+        verdicts: [Error("kind"), Warning("miimon"), Warning("miimon"), Warning("miimon")],
+    },
+    Case {
+        name: "BondConfig with a misspelled bond mode",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BondConfig\nname: bond0\nlinks: [eth0, eth1]\nbondMode: Active_Backup\n"],
+        verdicts: [Error("kind"), Error("bondMode"), Error("bondMode"), Error("bondMode")],
+    },
+    Case {
+        name: "BondConfig failOverMac in upper case (FailOverMAC parses exactly)",
+        talos: "pkg/machinery/nethelpers/failovermac.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: BondConfig\nname: bond0\nlinks: [eth0, eth1]\nbondMode: active-backup\nfailOverMac: Active\n"],
+        verdicts: [Error("kind"), Error("failOverMac"), Error("failOverMac"), Error("failOverMac")],
+    },
+    Case {
+        name: "v1alpha1 bond mode in upper case (BondModeByName is exact)",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {network: {interfaces: [{interface: bond0, bond: {interfaces: [eth0, eth1], mode: Active-Backup}}]}}"],
+        verdicts: [Error("machine.network.interfaces[0].bond.mode"); 4],
+    },
+    Case {
+        name: "v1alpha1 bond lacpRate in upper case (LACPRateByName is exact)",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {network: {interfaces: [{interface: bond0, bond: {interfaces: [eth0, eth1], mode: 802.3ad, lacpRate: FAST}}]}}"],
+        verdicts: [Error("machine.network.interfaces[0].bond.lacpRate"); 4],
+    },
+    Case {
+        name: "node address sort algorithm in upper case (AddressSortAlgorithmString)",
+        talos: V1,
+        base: Base::Worker,
+        patches: &["machine: {features: {nodeAddressSortAlgorithm: V2}}"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "ResolverConfig DOT server without tlsServerName",
+        talos: "pkg/machinery/config/types/network/resolver.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ResolverConfig\nnameservers:\n  - address: 1.1.1.1\n    protocol: DOT\n"],
+        // 1.12 and 1.13 have no protocol field.
+        verdicts: [Error("kind"), Error("nameservers[0]"), Error("nameservers[0]"), Error("nameservers[0].tlsServerName")],
+    },
+    Case {
+        name: "ResolverConfig DoH server (the schema's spelling) without tlsServerName",
+        talos: "pkg/machinery/config/types/network/resolver.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ResolverConfig\nnameservers:\n  - address: 1.1.1.1\n    protocol: DoH\n"],
+        verdicts: [Error("kind"), Error("nameservers[0]"), Error("nameservers[0]"), Error("nameservers[0].tlsServerName")],
+    },
+    Case {
+        name: "ResolverConfig Do53 server in upper case",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ResolverConfig\nnameservers:\n  - address: 1.1.1.1\n    protocol: DO53\n"],
+        verdicts: [Error("kind"), Error("nameservers[0]"), Error("nameservers[0]"), Accepted],
+    },
+    Case {
+        name: "ResolverConfig with an unknown protocol",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ResolverConfig\nnameservers:\n  - address: 1.1.1.1\n    protocol: DoQ\n    tlsServerName: one.one.one.one\n"],
+        verdicts: [Error("kind"), Error("nameservers[0]"), Error("nameservers[0]"), Error("nameservers[0].protocol")],
+    },
+    Case {
+        name: "DHCPv4Config with a DUID client identifier in upper case but no duidRaw",
+        talos: "pkg/machinery/config/types/network/dhcp4.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: DHCPv4Config\nname: eth0\nclientIdentifier: DUID\n"],
+        verdicts: [Error("kind"), Error("duidRaw"), Error("duidRaw"), Error("duidRaw")],
+    },
+    Case {
+        name: "HostnameConfig auto: Stable alone",
+        talos: HOSTNAME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: HostnameConfig\nauto: Stable\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "HostnameConfig auto: OFF with a hostname",
+        talos: HOSTNAME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: HostnameConfig\nauto: OFF\nhostname: node-1\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "VLANConfig with vlanMode in upper case",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: VLANConfig\nname: eth0.5\nvlanID: 5\nparent: eth0\nvlanMode: 802.1AD\n"],
+        verdicts: [Error("kind"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "NetworkRuleConfig protocol and default action in upper case",
+        talos: ENUMER,
+        base: Base::Worker,
+        patches: &[
+            "apiVersion: v1alpha1\nkind: NetworkRuleConfig\nname: web\nportSelector:\n  ports: [80, 443]\n  protocol: TCP\ningress:\n  - subnet: 10.0.0.0/8\n",
+            "apiVersion: v1alpha1\nkind: NetworkDefaultActionConfig\ningress: Block\n",
+        ],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "UserVolumeConfig filesystem type in upper case",
+        talos: BLOCK_ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.transport == \"nvme\"\n  maxSize: 10GiB\nfilesystem:\n  type: XFS\n"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "UserVolumeConfig with a misspelled filesystem type",
+        talos: BLOCK_ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.transport == \"nvme\"\n  maxSize: 10GiB\nfilesystem:\n  type: XFS2\n"],
+        verdicts: [Error("filesystem.type"); 4],
     },
 ];
 

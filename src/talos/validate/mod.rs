@@ -684,7 +684,7 @@ impl SchemaValidator {
                             _ => {
                                 let value = json.pointer(e.instance_path().as_str());
                                 if !(id.is_v1alpha1() && decoder_accepts(&path, value)) {
-                                    out.push(v(&path, e.to_string()));
+                                    out.push(v(&path, enum_message(&e, value)));
                                 }
                                 continue;
                             }
@@ -736,6 +736,20 @@ impl SchemaValidator {
         }
         out
     }
+}
+
+/// The message of a schema error; for an enum that [`correct::correct_schema`] made
+/// case-insensitive, it names the values again instead of the pattern.
+fn enum_message(e: &jsonschema::ValidationError<'_>, value: Option<&serde_json::Value>) -> String {
+    if let jsonschema::error::ValidationErrorKind::Pattern { pattern } = e.kind() {
+        if let Some(names) = correct::folded_names(pattern) {
+            return format!(
+                "{} is not one of {names:?} (in any capitalisation, as Talos' decoder reads it)",
+                value.map(ToString::to_string).unwrap_or_default()
+            );
+        }
+    }
+    e.to_string()
 }
 
 /// v1alpha1 values Talos' decoder takes that the schema's enums leave out: `machine.type`

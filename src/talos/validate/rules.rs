@@ -1066,7 +1066,10 @@ fn check_conflicts(id: &DocumentId, d: &Value, v1: &Value, f: &mut Findings<'_>)
 /// `HostnameConfig.Validate()` (`pkg/machinery/config/types/network/hostname.go`, 1.12+).
 fn check_hostname_config(d: &Value, f: &mut Findings<'_>) {
     let rule = "pkg/machinery/config/types/network/hostname.go";
-    let auto = at(d, "auto").and_then(Value::as_str);
+    // `auto` is a `nethelpers.AutoHostnameKind`, read in any capitalisation (`correct.rs`).
+    let auto = at(d, "auto")
+        .and_then(Value::as_str)
+        .map(|a| super::correct::canonical(a, &["off", "talos-addr", "stable"]));
     let hostname = text(d, "hostname");
     if auto.is_none() && hostname.is_empty() {
         f.error(

@@ -244,7 +244,9 @@ pub(super) fn check(
     }
 
     let sort = text(doc, "machine.features.nodeAddressSortAlgorithm");
-    if !sort.is_empty() && !matches!(sort, "v1" | "v2") {
+    // Talos parses it with `nethelpers.AddressSortAlgorithmString` (enumer), which takes any
+    // capitalisation (`V1`); the bond fields below go through exact `...ByName` switches.
+    if !sort.is_empty() && super::correct::fold_enum(sort, &["v1", "v2"]).is_none() {
         f.error(
             "machine.features.nodeAddressSortAlgorithm",
             R,

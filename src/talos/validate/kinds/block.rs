@@ -8,6 +8,7 @@ use serde_yaml_ng::Value;
 use super::{go_duration, negative_duration, volume_name_chars, Ctx, Doc, KindRule, NOW};
 use crate::talos::disk::parse_size;
 use crate::talos::validate::cel::CelEnv;
+use crate::talos::validate::correct::canonical;
 
 pub(super) const KINDS: &[KindRule] = &[
     (
@@ -201,7 +202,9 @@ fn provisioning_set(d: &Doc<'_, '_>) -> bool {
 
 /// `EncryptionSpec.Validate()` at `encryption`.
 fn encryption(d: &mut Doc<'_, '_>, ctx: &Ctx) {
-    let provider = d.text("encryption.provider");
+    // `block.EncryptionProviderType` and `block.FilesystemType` are read in any capitalisation
+    // (pkg/machinery/resources/block/volumetype_enumer.go; see `correct.rs`).
+    let provider = canonical(d.text("encryption.provider"), &["none", "luks2"]);
     let keys = d.items("encryption.keys");
     if matches!(provider, "" | "none") && keys.is_empty() {
         return;
@@ -270,7 +273,12 @@ fn encryption(d: &mut Doc<'_, '_>, ctx: &Ctx) {
 
 /// `FilesystemSpec.Validate()` at `filesystem`.
 fn filesystem(d: &mut Doc<'_, '_>, ctx: &Ctx) {
-    let t = d.text("filesystem.type");
+    let t = canonical(
+        d.text("filesystem.type"),
+        &[
+            "none", "xfs", "vfat", "ext4", "iso9660", "swap", "virtiofs", "btrfs",
+        ],
+    );
     let ok = match t {
         "" | "none" | "xfs" | "ext4" => true,
         "btrfs" => ctx.minor() >= 14,

@@ -274,9 +274,13 @@ pub(super) fn check_container(
         || v1_true("machine.features.hostDNS.enabled");
     if let Some(r) = resolver {
         let encrypted = items(r, "nameservers").iter().any(|ns| {
+            // Read in any capitalisation, as Talos' decoder does (`correct.rs`).
             !matches!(
-                ns.get("protocol").and_then(Value::as_str).unwrap_or(""),
-                "" | "do53"
+                crate::talos::validate::correct::canonical(
+                    ns.get("protocol").and_then(Value::as_str).unwrap_or(""),
+                    network::DNS_PROTOCOLS
+                ),
+                "" | "Do53"
             )
         });
         if encrypted && !host_dns {

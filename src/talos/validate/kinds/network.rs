@@ -10,9 +10,28 @@ use serde_yaml_ng::Value;
 
 use super::{go_duration, ip_addr, ip_prefix, masked, negative_duration, Ctx, Doc, KindRule, NOW};
 use crate::talos::validate::cel::CelEnv;
+use crate::talos::validate::correct::{canonical, fold_enum};
 use crate::talos::validate::rules::subnet_or_address;
 
 const LINK: &str = "pkg/machinery/config/types/network/link.go";
+
+// Names of `enumer -text` types that the rules compare; Talos' decoder reads them in any
+// capitalisation (pkg/machinery/nethelpers/arpalltargets_enumer.go), so the rules compare
+// the name a value decodes to ([`canonical`]).
+/// `nethelpers.BondMode`.
+const BOND_MODES: &[&str] = &[
+    "balance-rr",
+    "active-backup",
+    "balance-xor",
+    "broadcast",
+    "802.3ad",
+    "balance-tlb",
+    "balance-alb",
+];
+/// The named values of `nethelpers.RoutingTable` (the others are numbers).
+const ROUTING_TABLE_NAMES: &[&str] = &["unspec", "default", "main", "local"];
+/// `nethelpers.DNSProtocol` (1.14).
+pub(super) const DNS_PROTOCOLS: &[&str] = &["Do53", "DoT", "DoH"];
 
 pub(super) const KINDS: &[KindRule] = &[
     ("LinkConfig", 12, NOW, LINK, named_link),
@@ -242,7 +261,12 @@ fn bond(d: &mut Doc<'_, '_>, _: &Ctx) {
     if d.items("links").is_empty() {
         d.err("links", "at least one link must be specified");
     }
-    match d.at("bondMode").and_then(Value::as_str) {
+    // `bondMode` is read case-insensitively (`nethelpers.BondMode`, see `correct.rs`).
+    let mode = d
+        .at("bondMode")
+        .and_then(Value::as_str)
+        .map(|m| canonical(m, BOND_MODES));
+    match mode {
         None => d.err("bondMode", "bond mode must be specified"),
         Some("802.3ad") => {
             for key in ["miimon", "updelay", "downdelay"] {
@@ -266,7 +290,7 @@ fn vlan(d: &mut Doc<'_, '_>, _: &Ctx) {
         d.err("parent", "parent must be specified");
     }
     if let Some(mode) = d.at("vlanMode").and_then(Value::as_str) {
-        if !matches!(mode, "802.1q" | "802.1ad") {
+        if fold_enum(mode, &["802.1q", "802.1ad"]).is_none() {
             d.err("vlanMode", "vlanMode must be either '802.1q' or '802.1ad'");
         }
     }
@@ -279,7 +303,10 @@ fn vrf(d: &mut Doc<'_, '_>, _: &Ctx) {
         None => "unspec".to_string(),
         Some(v) => crate::talos::scalar_text(v).unwrap_or_default(),
     };
-    if matches!(table.as_str(), "unspec" | "local" | "main" | "default" | "") {
+    if matches!(
+        canonical(&table, ROUTING_TABLE_NAMES),
+        "unspec" | "local" | "main" | "default" | ""
+    ) {
         d.err(
             "table",
             format!("cannot create vrf with reserved table {table}"),
@@ -416,7 +443,7 @@ fn link_alias(d: &mut Doc<'_, '_>, ctx: &Ctx) {
 
 fn dhcp(d: &mut Doc<'_, '_>, _: &Ctx) {
     d.require_name("name must be specified");
-    let duid = d.text("clientIdentifier") == "duid";
+    let duid = canonical(d.text("clientIdentifier"), &["none", "mac", "duid"]) == "duid";
     let raw = d.set("duidRaw");
     if raw && !duid {
         d.err(
@@ -487,18 +514,18 @@ fn resolver(d: &mut Doc<'_, '_>, _: &Ctx) {
             .get("tlsServerName")
             .and_then(Value::as_str)
             .unwrap_or("");
-        match ns.get("protocol").and_then(Value::as_str).unwrap_or("") {
-            p @ ("dot" | "doh") => {
+        let protocol = ns.get("protocol").and_then(Value::as_str).unwrap_or("");
+        match canonical(protocol, DNS_PROTOCOLS) {
+            name @ ("DoT" | "DoH") => {
                 encrypted += 1;
                 if tls.is_empty() {
-                    let name = if p == "dot" { "DoT" } else { "DoH" };
                     d.err(
                         &format!("{base}.tlsServerName"),
                         format!("tlsServerName must be set when protocol is {name}: entry {i}"),
                     );
                 }
             }
-            "" | "do53" => {
+            "" | "Do53" => {
                 if !tls.is_empty() {
                     d.err(
                         &format!("{base}.tlsServerName"),
@@ -588,7 +615,12 @@ fn routing_rule(d: &mut Doc<'_, '_>, _: &Ctx) {
         .and_then(crate::talos::scalar_text)
         .unwrap_or_else(|| "unspec".into());
     let action = d.text("action");
-    if table == "unspec" && matches!(action, "" | "unspec" | "unicast") {
+    if canonical(&table, ROUTING_TABLE_NAMES) == "unspec"
+        && matches!(
+            canonical(action, &["unspec", "unicast"]),
+            "" | "unspec" | "unicast"
+        )
+    {
         d.err(
             "table",
             "either table or a non-unicast action must be specified",
