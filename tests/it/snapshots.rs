@@ -357,6 +357,59 @@ impl Lab {
     }
 }
 
+/// Run the CLI with `args`; once a line of its stderr holds `line` (it got a 202 and follows
+/// the record), call `then`. Its success, stdout and stderr (bounded: ten minutes).
+async fn cli_following(
+    args: Vec<String>,
+    line: &'static str,
+    then: impl FnOnce() + Send + 'static,
+) -> (bool, String, String) {
+    tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead as _, Read as _};
+        let mut child = Command::new(env!("CARGO_BIN_EXE_plinth"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cli");
+        let stderr = child.stderr.take().expect("stderr");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let reader = std::thread::spawn(move || {
+            for l in std::io::BufReader::new(stderr)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(l);
+            }
+        });
+        let mut err = String::new();
+        let mut then = Some(then);
+        while let Ok(l) = rx.recv_timeout(Duration::from_secs(600)) {
+            if l.contains(line) {
+                if let Some(f) = then.take() {
+                    f();
+                }
+            }
+            err.push_str(&l);
+            err.push('\n');
+        }
+        if let Some(f) = then.take() {
+            // Never said it follows: let the node go anyway, so nothing stays held.
+            f();
+            err.push_str(&format!("(never printed `{line}`)\n"));
+        }
+        let mut out = String::new();
+        stdout.read_to_string(&mut out).expect("stdout");
+        let _ = reader.join();
+        let ok = child.wait().expect("cli").success();
+        (ok && !err.contains("(never printed"), out, err)
+    })
+    .await
+    .expect("join")
+}
+
 fn dir_policy(dir: &Path, keep: u32) -> String {
     format!(
         "{{every: 6h, keep: {keep}, store: \"file://{}\"}}",
@@ -565,36 +618,28 @@ async fn snapshots_to_a_directory_are_sealed_verified_kept_and_failures_recorded
     lab.etcd.lock().expect("etcd").hold = false;
     let done = lab.follow(&one).await;
     assert_eq!(done["state"], "verified", "{done}");
-    // The CLI follows a 202 to the end.
-    let begun = lab.etcd.lock().expect("etcd").snapshots_begun;
+    // The CLI follows a 202 to the end: the node holds the stream until the CLI says it
+    // follows.
     lab.etcd.lock().expect("etcd").hold = true;
-    let cli = Command::new(env!("CARGO_BIN_EXE_plinth"))
-        .args([
-            "cluster",
-            "snapshot",
-            "lab",
-            "--wait-seconds",
-            "0",
-            "--json",
-        ])
-        .args(["--server", &lab.srv.base, "--token", &lab.srv.operator])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cli");
-    lab.wait_for("the node to stream", || {
-        lab.etcd.lock().expect("etcd").snapshots_begun > begun
+    let mut args: Vec<String> = [
+        "cluster",
+        "snapshot",
+        "lab",
+        "--wait-seconds",
+        "0",
+        "--json",
+    ]
+    .map(String::from)
+    .to_vec();
+    args.extend(["--server".into(), lab.srv.base.clone()]);
+    args.extend(["--token".into(), lab.srv.operator.clone()]);
+    let etcd = lab.etcd.clone();
+    let (ok, out, err) = cli_following(args, "is being taken; following it", move || {
+        etcd.lock().expect("etcd").hold = false;
     })
     .await;
-    lab.etcd.lock().expect("etcd").hold = false;
-    let out = tokio::task::spawn_blocking(move || cli.wait_with_output())
-        .await
-        .expect("join")
-        .expect("cli");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(err.contains("is being taken; following it"), "{err}");
-    let followed: Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(ok, "{err}");
+    let followed: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(followed["state"], "verified", "{followed}");
     lab.finish().await;
 }
@@ -655,7 +700,7 @@ async fn recovery_from_s3_round_trips_byte_for_byte_once_and_never_with_quorum(b
         "a wrong name is no confirmation: {body}"
     );
     let out = Command::new(env!("CARGO_BIN_EXE_plinth"))
-        .args(["cluster", "recover", "lab", "--snapshot", &id])
+        .args(["cluster", "recover", "lab", "--snapshot", id.as_str()])
         .args(["--server", &lab.srv.base, "--token", &lab.srv.admin])
         .stdin(Stdio::null())
         .output()
@@ -737,36 +782,30 @@ async fn recovery_from_s3_round_trips_byte_for_byte_once_and_never_with_quorum(b
     // Recovered on the first wiped control plane from the decrypted snapshot, byte for byte;
     // the node takes its time (longer than the caller waits): 202, and the CLI follows it.
     lab.etcd.lock().expect("etcd").hold = true;
-    let cli = Command::new(env!("CARGO_BIN_EXE_plinth"))
-        .args(["cluster", "recover", "lab", "--snapshot", &id])
-        .args(["--wait-seconds", "0", "--json"])
-        .args(["--server", &lab.srv.base, "--token", &lab.srv.admin])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cli");
-    for _ in 0..1200 {
-        let r = lab
-            .srv
-            .req(Method::GET, "/api/v1/clusters/lab/recovery", &lab.srv.admin)
-            .answer()
-            .await;
-        if r.status == StatusCode::OK {
-            assert_eq!(r.json()["state"], "calling", "claimed, the upload held");
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    lab.etcd.lock().expect("etcd").hold = false;
-    let out = tokio::task::spawn_blocking(move || cli.wait_with_output())
-        .await
-        .expect("join")
-        .expect("cli");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{err}");
-    assert!(err.contains("is under way; following it"), "{err}");
-    let rec: Value = serde_json::from_slice(&out.stdout).expect("json");
+    let mut args: Vec<String> = ["cluster", "recover", "lab", "--snapshot", id.as_str()]
+        .map(String::from)
+        .to_vec();
+    args.extend(["--wait-seconds", "0", "--json"].map(String::from));
+    args.extend(["--server".into(), lab.srv.base.clone()]);
+    args.extend(["--token".into(), lab.srv.admin.clone()]);
+    let etcd = lab.etcd.clone();
+    let (ok, out, err) = cli_following(args, "is under way; following it", move || {
+        etcd.lock().expect("etcd").hold = false;
+    })
+    .await;
+    assert!(ok, "{err}");
+    let r = lab
+        .srv
+        .req(Method::GET, "/api/v1/clusters/lab/recovery", &lab.srv.admin)
+        .answer()
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "the claim is recorded: {}",
+        r.text
+    );
+    let rec: Value = serde_json::from_str(&out).expect("json");
     assert_eq!(rec["state"], "done", "{rec}");
     assert_eq!(rec["node"], "cp-1");
     assert_eq!(rec["forced"], false);
