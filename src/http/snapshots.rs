@@ -2,6 +2,8 @@
 //! operators), list them (`GET .../snapshots`, `GET .../snapshots/{id}`, viewers), recover from
 //! one (`POST .../recover`, admins; refused with 409 while etcd has quorum unless forced with the
 //! cluster's name typed in `confirm`) and the cluster's recovery record (`GET .../recovery`).
+//! Taking and recovering run in tasks of their own; their requests wait at most `wait_seconds`
+//! (240, under the 300 s request timeout), then answer 202 with the record so far.
 //! Decodes, calls `service::snapshots`, encodes.
 
 use axum::extract::{Path, State};
@@ -159,6 +161,8 @@ pub async fn take(
         Ok(r) => r?
             .map(|r| (StatusCode::CREATED, Json(r)))
             .map_err(snapshot_error),
+        // (Its record may already show its end if it ended a moment ago: the 202 says the
+        // request did not wait for it; the record says what it is.)
         Err(id) => Ok((
             StatusCode::ACCEPTED,
             Json(s.snapshots.get(&name, id).await?),

@@ -3,7 +3,9 @@
 //! etcd majority.
 //!
 //! Taking one: the cluster's turn is claimed in the database (one instance at a time when several
-//! share PostgreSQL) and a row is written (`taking`) before the node is asked. The snapshot is
+//! share PostgreSQL; renewed by a task of its own while the snapshot streams, so its length does
+//! not matter; rows an instance that died left `taking` are failed and cleaned up by the next
+//! holder, and at start) and a row is written (`taking`) before the node is asked. The snapshot is
 //! streamed from a control plane whose etcd runs and is healthy (`EtcdSnapshot`, with the
 //! least role that may: `os:etcd:backup`), checked as it passes (size, SHA-256, etcd's own
 //! trailing SHA-256, the revision in its database: `talos::etcd_db`), encrypted as it passes

@@ -115,8 +115,11 @@ fn revision_of(key: &[u8]) -> Option<u64> {
     }
 }
 
-/// The elements of a leaf page `p` (header included): (flags, key, value).
-fn leaf_elements(p: &[u8]) -> Option<Vec<(u32, &[u8], &[u8])>> {
+/// One element of a leaf page: (flags, key, value).
+type LeafElement<'a> = (u32, &'a [u8], &'a [u8]);
+
+/// The elements of a leaf page `p` (header included).
+fn leaf_elements(p: &[u8]) -> Option<Vec<LeafElement<'_>>> {
     let count = usize::from(u16_at(p, 10)?);
     let mut out = Vec::with_capacity(count);
     for i in 0..count {

@@ -718,10 +718,10 @@ impl MachineService for Api {
         tokio::spawn(async move {
             let mut all = sha2::Sha256::new();
             let mut size = 0u64;
-            let mut chunks = db.chunks(256 << 10);
+            let chunks = db.chunks(256 << 10);
             let mut first = true;
             let mut begun = false;
-            while let Some(mut bytes) = chunks.next() {
+            for mut bytes in chunks {
                 if corrupt && first && bytes.len() > 100 {
                     bytes[100] ^= 0x5a;
                 }
