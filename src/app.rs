@@ -179,6 +179,25 @@ pub fn upgrades(
     )
 }
 
+/// The etcd snapshot and recovery use cases over the cluster use cases, their ports of
+/// `stores`, the object stores the configuration reaches, and the secret key.
+pub fn snapshots(
+    clusters: &crate::service::clusters::Clusters,
+    stores: &Stores,
+    s3: crate::service::ports::snapshots::S3Settings,
+    secrets: SecretBox,
+    settings: crate::service::snapshots::SnapshotSettings,
+) -> crate::service::snapshots::Snapshots {
+    crate::service::snapshots::Snapshots::new(
+        clusters.clone(),
+        stores.snapshots.clone(),
+        stores.events.clone(),
+        Arc::new(crate::objects::Stores::new(s3)),
+        secrets,
+        settings,
+    )
+}
+
 /// The workflow use case over the other use cases and its ports of `stores`.
 pub fn workflows(
     inventory: &Inventory,
@@ -717,6 +736,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         )
     });
     let secrets_for_configs = secrets.clone();
+    let secrets_for_snapshots = secrets.clone();
     let inventory = inventory(&stores, secrets);
     // Before the API serves: BMC passwords sealed before they were bound to their BMC's origin.
     // A store fault here does not keep the server down (a store fault is a 5xx or a 503, and the
@@ -820,10 +840,61 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         },
     );
     clusters.register_metrics(&metrics);
+    let snapshots = snapshots(
+        &clusters,
+        &stores,
+        config.snapshot_s3.clone(),
+        secrets_for_snapshots,
+        crate::service::snapshots::SnapshotSettings {
+            instance: clusters.settings().instance.clone(),
+            turn: config.snapshot_turn,
+            ..Default::default()
+        },
+    );
+    snapshots.register_metrics(&metrics);
+    {
+        // The snapshot schedule: its own task, so a long snapshot never holds up reinstalls.
+        let (sn, stop, every) = (snapshots.clone(), shutdown.clone(), config.snapshot_tick);
+        let turn = config.snapshot_turn.to_std().unwrap_or_default();
+        tasks.spawn(async move {
+            // Snapshots an instance that stopped left `taking`: failed and cleaned up, as soon
+            // as their cluster's turn can be claimed (a dead holder's expires after `turn`).
+            for _ in 0..10 {
+                let pause = match sn.clean_up_interrupted().await {
+                    Ok(0) => break,
+                    Ok(_) => turn / 2,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "etcd snapshots: cannot clean up interrupted snapshots yet");
+                        turn / 2
+                    }
+                };
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep(pause.max(std::time::Duration::from_secs(1))) => {}
+                }
+            }
+            // The first look one period after start: a restart is no reason for a snapshot.
+            let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return Ok(()),
+                    _ = interval.tick() => {
+                        tokio::select! {
+                            _ = stop.cancelled() => return Ok(()),
+                            r = sn.tick() => if let Err(e) = r {
+                                tracing::warn!(error = %e, "etcd snapshot schedule: tick failed");
+                            },
+                        }
+                    }
+                }
+            }
+        });
+    }
     let upgrades = upgrades(
         &clusters,
         &stores,
-        Arc::new(crate::service::upgrade::NoSnapshots),
+        Arc::new(snapshots.clone()),
         config.upgrades.clone(),
     );
     tasks.spawn({
@@ -859,6 +930,7 @@ pub async fn spawn_with_stores(config: &Config, stores: Stores) -> anyhow::Resul
         });
     }
     let state = AppState {
+        snapshots,
         shutdown: shutdown.clone(),
         workflows,
         upgrades,

@@ -146,6 +146,9 @@ pub struct RawConfig {
     /// `[upgrades]`.
     #[serde(default)]
     pub upgrades: RawUpgrades,
+    /// `[snapshots]`.
+    #[serde(default)]
+    pub snapshots: RawSnapshots,
 }
 
 /// `[upgrades]`: the pace of rolling Talos upgrades.
@@ -159,6 +162,29 @@ pub struct RawUpgrades {
     pub lease_seconds: Option<u64>,
     /// Longest image pull, and longest install, on one node, seconds (default 900).
     pub install_wait_seconds: Option<u64>,
+}
+
+/// `[snapshots]`: the etcd snapshot schedule's pace and S3-compatible stores' settings. Which
+/// clusters are snapshotted, how often, how many are kept and where is each cluster's
+/// `etcdSnapshots` in the inventory; credentials are never there (nor here: a file, or the
+/// environment's `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSnapshots {
+    /// How often the schedule looks for due snapshots, seconds (default 60).
+    pub tick_seconds: Option<u64>,
+    /// How long an instance's turn to take a cluster's snapshot lasts without renewal, seconds
+    /// (default 60; renewed every third of it while the snapshot streams): how soon another
+    /// instance (or this one restarted) may take a snapshot after the holder died.
+    pub turn_seconds: Option<u64>,
+    /// S3 endpoint URL (default: `AWS_ENDPOINT`, else AWS).
+    pub s3_endpoint: Option<String>,
+    /// S3 region (default: `AWS_REGION`, else `us-east-1`).
+    pub s3_region: Option<String>,
+    /// Allow an `http://` endpoint (default false).
+    pub s3_allow_http: Option<bool>,
+    /// A TOML file (mode 0600, outside Git) with `access_key_id` and `secret_access_key`.
+    pub s3_credentials_file: Option<PathBuf>,
 }
 
 /// `[images]`: where Talos kernels and initramfs images come from.
@@ -419,6 +445,12 @@ pub struct Config {
     pub upgrades: crate::service::UpgradeSettings,
     /// Image Factory for on-demand pulls (`[images].factory_url`).
     pub image_factory: Option<String>,
+    /// S3-compatible snapshot stores (`[snapshots]`).
+    pub snapshot_s3: crate::service::ports::snapshots::S3Settings,
+    /// How often the snapshot schedule runs (`[snapshots].tick_seconds`).
+    pub snapshot_tick: std::time::Duration,
+    /// The snapshot turn's length without renewal (`[snapshots].turn_seconds`).
+    pub snapshot_turn: chrono::Duration,
 }
 
 /// Validated `[tftp]`.
@@ -935,7 +967,50 @@ impl RawConfig {
             }
             other => other,
         };
+        let sn = &self.snapshots;
+        let snapshot_tick = secs("snapshots.tick_seconds", sn.tick_seconds, 60)?
+            .to_std()
+            .unwrap_or(std::time::Duration::from_secs(60));
+        let snapshot_turn = secs("snapshots.turn_seconds", sn.turn_seconds, 60)?;
+        if snapshot_turn < chrono::Duration::seconds(3) {
+            return Err(SettingsError::new(
+                "snapshots.turn_seconds",
+                "must be at least 3 (the turn is renewed every third of it)",
+            ));
+        }
+        if let Some(e) = &sn.s3_endpoint {
+            let lower = e.to_ascii_lowercase();
+            if !(lower.starts_with("https://") || lower.starts_with("http://")) || e.contains('@') {
+                return Err(SettingsError::new(
+                    "snapshots.s3_endpoint",
+                    format!("`{e}` is not an http(s) URL without credentials, e.g. https://s3.eu-central-1.amazonaws.com"),
+                ));
+            }
+            if lower.starts_with("http://") && sn.s3_allow_http != Some(true) {
+                return Err(SettingsError::new(
+                    "snapshots.s3_endpoint",
+                    "an http:// endpoint sends snapshots' requests unencrypted: set snapshots.s3_allow_http = true to allow it (the snapshots themselves are encrypted)",
+                ));
+            }
+        }
+        if let Some(f) = &sn.s3_credentials_file {
+            if !f.is_file() {
+                return Err(SettingsError::new(
+                    "snapshots.s3_credentials_file",
+                    format!("{} is not a file", f.display()),
+                ));
+            }
+        }
+        let snapshot_s3 = crate::service::ports::snapshots::S3Settings {
+            endpoint: sn.s3_endpoint.clone(),
+            region: sn.s3_region.clone(),
+            allow_http: sn.s3_allow_http.unwrap_or(false),
+            credentials_file: sn.s3_credentials_file.clone(),
+        };
         Ok(Config {
+            snapshot_s3,
+            snapshot_tick,
+            snapshot_turn,
             image_factory,
             workflows,
             workflow_tick,

@@ -83,6 +83,9 @@ struct ClusterDoc {
     /// Rolling upgrade policy.
     #[serde(default)]
     upgrade: Option<crate::service::ports::upgrades::UpgradePolicy>,
+    /// `{every: 6h, keep: 28, store: s3://bucket/prefix | file:///path}`.
+    #[serde(default)]
+    etcd_snapshots: Option<crate::domain::snapshots::SnapshotPolicy>,
 }
 
 #[derive(Deserialize)]
@@ -558,6 +561,11 @@ impl Loader {
             d.role_patches.controlplane,
         );
         let worker = self.patches(dir, loc, "rolePatches.worker", d.role_patches.worker);
+        if let Some(p) = &d.etcd_snapshots {
+            for (field, msg) in p.problems() {
+                self.error(loc, &format!("etcdSnapshots.{field}"), msg);
+            }
+        }
         let Some(secret) = secret else { return };
         self.out.clusters.push((
             ClusterSpec {
@@ -581,6 +589,7 @@ impl Loader {
                 bootstrap: d.bootstrap,
                 delivery: d.delivery,
                 upgrade: d.upgrade,
+                etcd_snapshots: d.etcd_snapshots,
             },
             secret,
         ));

@@ -23,6 +23,7 @@ pub mod domain;
 pub mod http;
 pub mod images;
 pub mod metrics;
+pub mod objects;
 pub mod service;
 pub mod store;
 pub mod talos;

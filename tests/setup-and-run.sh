@@ -81,6 +81,12 @@ if ! cargo nextest --version >/dev/null 2>&1; then
     log "cargo install cargo-nextest"
     cargo install cargo-nextest --locked
 fi
+# s3s-fs: the S3-compatible server the etcd snapshot tests (tests/it/snapshots.rs) and
+# bench/etcd_snapshot.sh start on loopback. 0.14.1: the newest that builds with rustc 1.95.
+if ! command -v s3s-fs >/dev/null; then
+    log "cargo install s3s-fs"
+    cargo install s3s-fs --version 0.14.1 --features binary --locked
+fi
 
 # PostgreSQL on 127.0.0.1:5432. The tests use DATABASE_URL (default: user postgres, trust).
 if ! pg_isready -q -h 127.0.0.1 -p 5432; then

@@ -107,6 +107,48 @@ pub enum ClusterCommand {
         #[arg(long, conflicts_with = "to")]
         abort: bool,
     },
+    /// Take an etcd snapshot now: streamed from a healthy control plane, encrypted, stored where
+    /// the cluster's `etcdSnapshots.store` says, read back and verified (operators).
+    Snapshot {
+        /// Cluster name.
+        name: String,
+        /// Seconds the server waits for the end before answering that the snapshot goes on
+        /// (at most 240); this command then follows it to its end.
+        #[arg(long, default_value_t = 60)]
+        wait_seconds: u64,
+    },
+    /// List the cluster's etcd snapshots, newest first.
+    Snapshots {
+        /// Cluster name.
+        name: String,
+        /// At most this many.
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Recover the cluster's etcd from a snapshot after losing the control plane's majority:
+    /// one control plane whose etcd waits for a bootstrap is given the snapshot and bootstraps
+    /// from it, the others rejoin (admins; once per cluster; refused while etcd has quorum).
+    Recover {
+        /// Cluster name.
+        name: String,
+        /// The snapshot's id (`plinth cluster snapshots NAME`).
+        #[arg(long)]
+        snapshot: String,
+        /// The control plane to restore on (host name, id or address).
+        #[arg(long)]
+        node: Option<String>,
+        /// Recover although etcd still has quorum: asks for the cluster's name to be typed
+        /// (or give it with --confirm).
+        #[arg(long)]
+        force: bool,
+        /// The cluster's name, typed, to confirm --force without a prompt.
+        #[arg(long, requires = "force")]
+        confirm: Option<String>,
+        /// Seconds the server waits for the end before answering that the recovery goes on
+        /// (at most 240); this command then follows it to its end.
+        #[arg(long, default_value_t = 60)]
+        wait_seconds: u64,
+    },
     /// Per node: Talos version, apid, etcd/kubelet/apid/trustd, etcd members and leader, quorum.
     Health {
         /// Cluster name.
@@ -264,6 +306,129 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
                 }
             }
         }
+        ClusterCommand::Snapshot { name, wait_seconds } => {
+            let c = args.api.client()?;
+            let (_, mut r) = c
+                .send(c.req(
+                    Method::POST,
+                    &format!("{}?wait_seconds={wait_seconds}", path(&name, "snapshots")),
+                ))
+                .await?;
+            let id = r["id"].as_str().unwrap_or("?").to_string();
+            if r["state"] == "taking" {
+                // 202: the server goes on with it; follow its record to the end.
+                eprintln!("snapshot {id} of cluster {name} is being taken; following it");
+                let one = path(&name, &format!("snapshots/{id}"));
+                while r["state"] == "taking" {
+                    tokio::time::sleep(FOLLOW_EVERY).await;
+                    r = c.send(c.req(Method::GET, &one)).await?.1;
+                }
+            }
+            if r["state"] != "verified" {
+                if json_out {
+                    say(serde_json::to_string_pretty(&r).unwrap_or_default());
+                }
+                bail!(
+                    "snapshot {id} of cluster {name} is {}: {}",
+                    r["state"].as_str().unwrap_or("?"),
+                    r["error"].as_str().unwrap_or("no error recorded")
+                );
+            }
+            emit(json_out, &r, |r| {
+                say(format!(
+                    "snapshot {} of cluster {name} verified: {} bytes, revision {}, SHA-256 {}, from {}, stored at {}/{}",
+                    r["id"].as_str().unwrap_or("?"),
+                    r["size_bytes"],
+                    r["revision"],
+                    r["sha256"].as_str().unwrap_or("?"),
+                    r["taken_from"].as_str().unwrap_or("?"),
+                    r["store"].as_str().unwrap_or("?"),
+                    r["object"].as_str().unwrap_or("?"),
+                ))
+            });
+        }
+        ClusterCommand::Snapshots { name, limit } => {
+            let c = args.api.client()?;
+            let (_, list) = c
+                .send(c.req(
+                    Method::GET,
+                    &format!("{}?limit={limit}", path(&name, "snapshots")),
+                ))
+                .await?;
+            emit(json_out, &list, print_snapshots);
+        }
+        ClusterCommand::Recover {
+            name,
+            snapshot,
+            node,
+            force,
+            confirm,
+            wait_seconds,
+        } => {
+            let confirm = match (force, confirm) {
+                (true, None) => Some(super::output::prompt(&format!(
+                    "etcd of cluster {name} may still have quorum. Recovering throws away every write since the snapshot. Type the cluster's name to go ahead: "
+                ))?),
+                (_, c) => c,
+            };
+            let c = args.api.client()?;
+            let (_, mut r) = c
+                .send(
+                    c.req(
+                        Method::POST,
+                        &format!("{}?wait_seconds={wait_seconds}", path(&name, "recover")),
+                    )
+                    .json(
+                        &serde_json::json!({"snapshot": snapshot, "node": node, "force": force, "confirm": confirm}),
+                    ),
+                )
+                .await?;
+            if r["state"] == "calling" {
+                // 202: the server goes on with it; follow the cluster's recovery to its end.
+                eprintln!(
+                    "recovery of cluster {name} on {} is under way; following it",
+                    r["node"].as_str().unwrap_or("?")
+                );
+                while r["state"] == "calling" {
+                    tokio::time::sleep(FOLLOW_EVERY).await;
+                    match c.send(c.req(Method::GET, &path(&name, "recovery"))).await {
+                        Ok((_, now)) => r = now,
+                        Err(e)
+                            if e.downcast_ref::<super::api::ApiFailure>()
+                                .is_some_and(|f| f.status == 404) =>
+                        {
+                            // Given back: it failed before anything reached the node.
+                            let (_, ev) = c
+                                .send(c.req(
+                                    Method::GET,
+                                    "/events?kind=cluster.recovery_refused&limit=1",
+                                ))
+                                .await?;
+                            bail!(
+                                "recovery of cluster {name} failed before anything reached the node (it may be tried again): {}",
+                                ev[0]["detail"]["error"].as_str().unwrap_or("see the event cluster.recovery_refused")
+                            );
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+            }
+            if r["state"] == "failed" {
+                if json_out {
+                    say(serde_json::to_string_pretty(&r).unwrap_or_default());
+                }
+                bail!(
+                    "recovery of cluster {name} failed: {}",
+                    r["detail"].as_str().unwrap_or("no detail recorded")
+                );
+            }
+            emit(json_out, &r, |r| {
+                say(format!(
+                    "cluster {name}: {}",
+                    r["detail"].as_str().unwrap_or("recovered")
+                ))
+            });
+        }
         ClusterCommand::Health { name, cached } => {
             let c = args.api.client()?;
             let q = if cached { "?cached=true" } else { "" };
@@ -297,6 +462,9 @@ pub fn parse_ttl(text: &str) -> anyhow::Result<u64> {
         .with_context(|| format!("--ttl `{text}` is too long"))
 }
 
+/// How often a snapshot or recovery the server goes on with is looked at.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn path(name: &str, what: &str) -> String {
     let enc: String = name
         .bytes()
@@ -306,6 +474,28 @@ fn path(name: &str, what: &str) -> String {
         })
         .collect();
     format!("/clusters/{enc}/{what}")
+}
+
+fn print_snapshots(list: &Value) {
+    let mut t = table();
+    t.set_header([
+        "ID", "STATE", "STARTED", "SIZE", "REVISION", "FROM", "TALOS", "ERROR",
+    ]);
+    for r in list.as_array().into_iter().flatten() {
+        t.add_row([
+            r["id"].as_str().unwrap_or("").to_string(),
+            r["state"].as_str().unwrap_or("").to_string(),
+            r["started_at"].as_str().unwrap_or("").to_string(),
+            r["size_bytes"]
+                .as_i64()
+                .map_or("-".into(), |v| v.to_string()),
+            r["revision"].as_i64().map_or("-".into(), |v| v.to_string()),
+            r["taken_from"].as_str().unwrap_or("-").to_string(),
+            r["talos_version"].as_str().unwrap_or("-").to_string(),
+            r["error"].as_str().unwrap_or("").to_string(),
+        ]);
+    }
+    say(t.to_string());
 }
 
 fn print_health(h: &Value) {
@@ -453,8 +643,16 @@ fn print_plan(p: &Value) {
         .flatten()
         .filter(|c| c["passed"] != true)
         .count();
+    let only_snapshot = p["checks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|c| c["passed"] != true)
+        .all(|c| c["name"] == "etcd snapshot");
     say(if failed == 0 {
         "every pre-check passes: without --dry-run the rollout starts".to_string()
+    } else if only_snapshot {
+        "only the etcd snapshot is missing or stale: without --dry-run the rollout takes and verifies one, then starts (refused if that fails)".to_string()
     } else {
         format!("{failed} pre-check(s) fail: the rollout would be refused")
     });

@@ -130,3 +130,17 @@ pub(crate) fn columns_that_fit(
     }
     kept
 }
+
+/// Ask on the terminal and read one line (the typed confirmation of a dangerous command). Refused
+/// without a terminal: a script passes the confirmation as an argument instead.
+pub(crate) fn prompt(question: &str) -> anyhow::Result<String> {
+    use std::io::{BufRead as _, IsTerminal as _, Write as _};
+    if !std::io::stdin().is_terminal() {
+        anyhow::bail!("no terminal to ask for the confirmation: pass it with --confirm");
+    }
+    eprint!("{question}");
+    std::io::stderr().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    Ok(line.trim().to_string())
+}

@@ -12,6 +12,7 @@ pub mod inspection;
 pub mod lifecycle;
 pub mod mac;
 pub mod machine;
+pub mod snapshots;
 pub mod validate;
 
 pub use inspection::{

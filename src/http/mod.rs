@@ -22,6 +22,7 @@ pub mod metrics;
 mod openapi;
 pub mod serve;
 mod slots;
+mod snapshots;
 mod tokens;
 mod workflows;
 
@@ -58,6 +59,8 @@ pub struct AppState {
     pub workflows: crate::service::Workflows,
     /// Rolling Talos upgrades.
     pub upgrades: crate::service::Upgrades,
+    /// etcd snapshots and recovery.
+    pub snapshots: crate::service::snapshots::Snapshots,
     /// Cancelled when the server shuts down (ends long-lived answers such as event streams).
     pub shutdown: tokio_util::sync::CancellationToken,
     /// Mark the console's session cookie `Secure` (the public URL is https).
@@ -126,6 +129,16 @@ pub fn router(state: AppState) -> Router {
             "/clusters/{name}/upgrade/{action}",
             axum::routing::post(clusters::upgrade_action),
         )
+        .route(
+            "/clusters/{name}/snapshots",
+            get(snapshots::list).post(snapshots::take),
+        )
+        .route("/clusters/{name}/snapshots/{id}", get(snapshots::show))
+        .route(
+            "/clusters/{name}/recover",
+            axum::routing::post(snapshots::recover),
+        )
+        .route("/clusters/{name}/recovery", get(snapshots::recovery))
         .route("/events", get(machines::events))
         .route("/events/stream", get(workflows::stream))
         .route("/tokens", get(tokens::list).post(tokens::create))

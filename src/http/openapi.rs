@@ -43,6 +43,8 @@ impl Modify for Bearer {
         super::clusters::bootstrap, super::clusters::bootstrap_status, super::clusters::talosconfig,
         super::clusters::kubeconfig, super::clusters::health,
         super::clusters::upgrade, super::clusters::upgrade_status, super::clusters::upgrade_action,
+        super::snapshots::take, super::snapshots::list, super::snapshots::show,
+        super::snapshots::recover, super::snapshots::recovery,
     ),
     components(schemas(
         Machine, machines::EditedMachine, MachineSpec, Interface, Disk, Bmc, BmcSpec, Role, LifecycleState, DiskType, TlsMode, MacAddr,
@@ -65,6 +67,9 @@ impl Modify for Bearer {
         crate::service::ports::upgrades::Rollout, crate::service::ports::upgrades::RolloutNode,
         crate::service::ports::upgrades::RolloutState, crate::service::ports::upgrades::NodeStep,
         crate::service::ports::upgrades::UpgradeMethod,
+        crate::service::ports::snapshots::SnapshotRecord, crate::service::ports::snapshots::SnapshotState,
+        crate::service::ports::snapshots::RecoveryRecord, crate::service::ports::snapshots::RecoveryState,
+        super::snapshots::RecoverBody,
     )),
     modifiers(&Bearer),
 )]

@@ -30,6 +30,8 @@ pub enum SecretError {
 pub struct SecretBox {
     cipher: XChaCha20Poly1305,
     fingerprint: String,
+    /// HMAC-SHA256 keyed with the key: derives the keys of other purposes (`derive_key`).
+    kdf: hmac::Hmac<sha2::Sha256>,
 }
 
 /// The constant the key's fingerprint is a MAC of (a new constant would be a new fingerprint).
@@ -44,9 +46,14 @@ impl fmt::Debug for SecretBox {
 impl SecretBox {
     /// From raw key bytes.
     pub fn new(key: [u8; 32]) -> Self {
+        // HMAC pads a key shorter than the hash's block (64 bytes) with zeros: the padded key
+        // is the same key, and a block-sized key needs no fallible constructor.
+        let mut block = [0u8; 64];
+        block[..32].copy_from_slice(&key);
         Self {
             cipher: XChaCha20Poly1305::new(&key.into()),
             fingerprint: fingerprint(&key),
+            kdf: <hmac::Hmac<sha2::Sha256> as hmac::digest::KeyInit>::new(&block.into()),
         }
     }
 
@@ -54,6 +61,17 @@ impl SecretBox {
     /// database records it, so a different key is refused at start) and reveals nothing of it.
     pub fn fingerprint(&self) -> &str {
         &self.fingerprint
+    }
+
+    /// A key of its own for `purpose` (e.g. `etcd-snapshot:<cluster>`): HMAC-SHA256 of a label
+    /// and the purpose under this key. The same key and purpose give the same key; another
+    /// purpose, or another Plinth key, gives an unrelated one.
+    pub fn derive_key(&self, purpose: &str) -> [u8; 32] {
+        use hmac::Mac;
+        let mut mac = self.kdf.clone();
+        mac.update(b"plinth derived key v1\0");
+        mac.update(purpose.as_bytes());
+        mac.finalize().into_bytes().into()
     }
 
     /// From the text of a key file or variable: 64 hex digits or base64 of 32 bytes.

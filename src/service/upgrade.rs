@@ -13,7 +13,8 @@
 //! Pre-checks, each named in a refusal: the upgrade path (no downgrade, no skipped minor release,
 //! something to do), every node healthy (installed, Talos API up, apid/kubelet/etcd running and
 //! healthy, Talos' own cluster check), etcd at full quorum (every member healthy, a leader, not
-//! two members), a verified etcd snapshot no older than `snapshotMaxAgeSeconds`, no other rollout.
+//! two members), a verified etcd snapshot no older than `snapshotMaxAgeSeconds` (else starting the
+//! rollout takes and verifies one first, and is refused if that fails), no other rollout.
 //!
 //! Per node: its boot id is read, the upgrade call made, then Plinth waits for a new boot id,
 //! then verifies the new version, etcd membership and health, kubelet. A node that comes back on
@@ -97,7 +98,8 @@ pub struct VerifiedSnapshot {
     pub store: Option<String>,
 }
 
-/// Where the pre-check learns of a cluster's etcd snapshots.
+/// Where the pre-check learns of a cluster's etcd snapshots, and how a rollout takes one when
+/// the newest is not fresh (`service::snapshots::Snapshots`).
 #[async_trait]
 pub trait SnapshotCheck: Send + Sync + 'static {
     /// The newest snapshot of `cluster` that was stored and verified.
@@ -105,22 +107,14 @@ pub trait SnapshotCheck: Send + Sync + 'static {
         &self,
         cluster: &str,
     ) -> Result<Option<VerifiedSnapshot>, ServiceError>;
+
+    /// Take a snapshot of `cluster` now for `actor`, store it and verify it: the verified
+    /// snapshot, or why there is none.
+    async fn take_verified(&self, cluster: &str, actor: &str) -> Result<VerifiedSnapshot, String>;
 }
 
-/// A build without etcd snapshots: no cluster has a verified snapshot, so every rollout is
-/// refused by the snapshot pre-check (which says so).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct NoSnapshots;
-
-#[async_trait]
-impl SnapshotCheck for NoSnapshots {
-    async fn latest_verified(
-        &self,
-        _cluster: &str,
-    ) -> Result<Option<VerifiedSnapshot>, ServiceError> {
-        Ok(None)
-    }
-}
+/// The name of the snapshot pre-check.
+const SNAPSHOT_CHECK: &str = "etcd snapshot";
 
 /// One pre-check and its verdict.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -507,17 +501,17 @@ impl Upgrades {
         let now = Utc::now();
         checks.push(match &snapshot {
             None => PreCheck {
-                name: "etcd snapshot".into(),
+                name: SNAPSHOT_CHECK.into(),
                 passed: false,
                 detail: format!(
-                    "no verified etcd snapshot of cluster {cluster} is recorded: take one with `plinth cluster snapshot {cluster}` (a failed upgrade may need it to recover)"
+                    "no verified etcd snapshot of cluster {cluster} is recorded: starting the rollout takes and verifies one first (or take one with `plinth cluster snapshot {cluster}`)"
                 ),
             },
             Some(s) => {
                 let age = now - s.taken_at;
                 let fresh = age <= Duration::seconds(i64::try_from(max_age).unwrap_or(i64::MAX));
                 PreCheck {
-                    name: "etcd snapshot".into(),
+                    name: SNAPSHOT_CHECK.into(),
                     passed: fresh,
                     detail: if fresh {
                         format!(
@@ -528,7 +522,7 @@ impl Upgrades {
                         )
                     } else {
                         format!(
-                            "the newest verified snapshot, {}, was taken {} ({}s ago), longer ago than upgrade.snapshotMaxAgeSeconds ({max_age}s): take a fresh one with `plinth cluster snapshot {cluster}`",
+                            "the newest verified snapshot, {}, was taken {} ({}s ago), longer ago than upgrade.snapshotMaxAgeSeconds ({max_age}s): starting the rollout takes and verifies a fresh one first",
                             s.id,
                             s.taken_at.to_rfc3339(),
                             age.num_seconds()
@@ -665,7 +659,21 @@ impl Upgrades {
         schematic: Option<&str>,
         actor: &str,
     ) -> Result<RolloutStatus, UpgradeError> {
-        let plan = self.plan(cluster, to, schematic).await?;
+        let mut plan = self.plan(cluster, to, schematic).await?;
+        if plan.failed().iter().all(|c| c.name == SNAPSHOT_CHECK) && !plan.failed().is_empty() {
+            // Only the snapshot is missing or stale: take and verify one, then measure again.
+            match self.snapshots.take_verified(cluster, actor).await {
+                Ok(_) => plan = self.plan(cluster, to, schematic).await?,
+                Err(why) => {
+                    if let Some(c) = plan.checks.iter_mut().find(|c| c.name == SNAPSHOT_CHECK) {
+                        c.detail = format!(
+                            "{}; the snapshot taken for the rollout failed: {why}",
+                            c.detail
+                        );
+                    }
+                }
+            }
+        }
         if !plan.failed().is_empty() {
             return Err(UpgradeError::Refused(Box::new(plan)));
         }

@@ -44,6 +44,9 @@ mod machines;
 #[path = "sql/reinstalls.rs"]
 mod reinstalls;
 #[allow(clippy::duplicate_mod)]
+#[path = "sql/snapshots.rs"]
+mod snapshots;
+#[allow(clippy::duplicate_mod)]
 #[path = "sql/talos_state.rs"]
 mod talos_state;
 

@@ -11,6 +11,7 @@
 //! front door; it depends only on `crate::domain` for machine facts.
 
 pub mod disk;
+pub mod etcd_db;
 pub mod generate;
 pub mod kernel;
 pub mod patch;

@@ -33,8 +33,8 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::service::ports::talos_api::{
     BootstrapOptions, ClusterCheck, ClusterNodes, EtcdMember, EtcdMemberStatus, InstallOutcome,
-    NodeVersion, ServiceStatus, StatusCode, TalosApi, TalosApiError, TalosApiFailure, TalosNode,
-    INSTALL_LINES,
+    NodeVersion, ServiceStatus, SnapshotStream, StatusCode, TalosApi, TalosApiError,
+    TalosApiFailure, TalosNode, UploadStream, INSTALL_LINES,
 };
 use proto::cluster::cluster_service_client::ClusterServiceClient;
 use proto::common::Metadata;
@@ -98,11 +98,110 @@ fn system_containerd() -> proto::common::ContainerdInstance {
         namespace: proto::common::ContainerdNamespace::NsSystem as i32,
     }
 }
+const ETCD_SNAPSHOT: &str = "machine.MachineService/EtcdSnapshot";
+const ETCD_RECOVER: &str = "machine.MachineService/EtcdRecover";
+/// The longest a snapshot upload (`EtcdRecover`) may take.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// An established connection: the channel and the node's certificate fingerprint.
 struct Connection {
     channel: Channel,
     cert_sha256: String,
+    /// Cuts the connection (every read and write fails from then on).
+    cut: CutHandle,
+}
+
+/// Cuts a connection from outside: the HTTP/2 connection then fails and closes, so a call whose
+/// request stream is under way ends with an error on the node's side, never with a clean end of
+/// its stream (dropping a client-streaming call leaves hyper's body task sending to the end).
+#[derive(Clone, Default)]
+struct CutHandle(Arc<Mutex<CutState>>);
+
+#[derive(Default)]
+struct CutState {
+    cut: bool,
+    wakers: Vec<std::task::Waker>,
+}
+
+impl CutHandle {
+    fn cut(&self) {
+        if let Ok(mut s) = self.0.lock() {
+            s.cut = true;
+            for w in s.wakers.drain(..) {
+                w.wake();
+            }
+        }
+    }
+
+    /// `Err` once cut; else remember who to wake.
+    fn check(&self, cx: &std::task::Context<'_>) -> io::Result<()> {
+        match self.0.lock() {
+            Ok(s) if s.cut => Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the call was abandoned",
+            )),
+            Ok(mut s) => {
+                if !s.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+                    // At most the reader's and the writer's.
+                    if s.wakers.len() >= 4 {
+                        s.wakers.remove(0);
+                    }
+                    s.wakers.push(cx.waker().clone());
+                }
+                Ok(())
+            }
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// A stream that fails every operation once its `CutHandle` is cut.
+struct Cuttable<S> {
+    inner: S,
+    cut: CutHandle,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Cuttable<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if let Err(e) = self.cut.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Cuttable<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<io::Result<usize>> {
+        if let Err(e) = self.cut.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        if let Err(e) = self.cut.check(cx) {
+            return std::task::Poll::Ready(Err(e));
+        }
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Whether a failed attempt may be tried again.
@@ -357,7 +456,11 @@ impl TalosApiClient {
             .map(|c| crate::talos::pki::cert_fingerprint(c.as_ref()))
             .unwrap_or_default();
         // Hand tonic the connection we made; it asks once.
-        let slot = Arc::new(Mutex::new(Some(tls)));
+        let cut = CutHandle::default();
+        let slot = Arc::new(Mutex::new(Some(Cuttable {
+            inner: tls,
+            cut: cut.clone(),
+        })));
         let connector = tower::service_fn(move |_uri: tonic::transport::Uri| {
             let slot = slot.clone();
             async move {
@@ -382,6 +485,7 @@ impl TalosApiClient {
         Ok(Connection {
             channel,
             cert_sha256,
+            cut,
         })
     }
 
@@ -849,5 +953,124 @@ impl TalosApi for TalosApiClient {
             Ok(())
         })
         .await
+    }
+
+    async fn etcd_snapshot(&self, node: &TalosNode) -> Result<SnapshotStream, TalosApiError> {
+        let t = self.settings.call_timeout;
+        // Retried until the node starts streaming; the stream itself is never restarted.
+        let stream = self
+            .run(node, ETCD_SNAPSHOT, Retry::Idempotent, t, |c| async move {
+                MachineServiceClient::new(c.channel)
+                    .etcd_snapshot(proto::machine::EtcdSnapshotRequest {})
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| from_status(node, ETCD_SNAPSHOT, &s))
+            })
+            .await?;
+        // Each message must arrive within the call timeout: a node that stalls ends the stream
+        // with an error instead of holding it open forever.
+        let node = node.clone();
+        Ok(Box::pin(futures::stream::unfold(
+            Some((stream, node)),
+            move |state| async move {
+                let (mut stream, node) = state?;
+                match tokio::time::timeout(t, stream.message()).await {
+                    Err(_) => Some((
+                        Err(error(
+                            &node,
+                            ETCD_SNAPSHOT,
+                            TalosApiFailure::Timeout,
+                            format!("the snapshot stream stalled for {t:?}"),
+                        )),
+                        None,
+                    )),
+                    Ok(Err(s)) => Some((Err(from_status(&node, ETCD_SNAPSHOT, &s)), None)),
+                    Ok(Ok(None)) => None,
+                    Ok(Ok(Some(d))) => {
+                        if let Err(e) = metadata_error(&node, ETCD_SNAPSHOT, d.metadata.as_ref()) {
+                            return Some((Err(e), None));
+                        }
+                        Some((Ok(d.bytes), Some((stream, node))))
+                    }
+                }
+            },
+        )))
+    }
+
+    async fn etcd_recover(
+        &self,
+        node: &TalosNode,
+        upload: UploadStream,
+    ) -> Result<(), TalosApiError> {
+        use futures::StreamExt as _;
+        let conn = self
+            .connect(node, ETCD_RECOVER)
+            .await
+            .map_err(|e| TalosApiError {
+                request_sent: false,
+                ..e
+            })?;
+        // An `Err` from `upload` must not end the request stream (the node would take a
+        // truncated upload as complete): it is reported aside, the request stream is held open,
+        // and the call is dropped, which resets the HTTP/2 stream.
+        let cut = conn.cut.clone();
+        let (abandon, abandoned) = tokio::sync::oneshot::channel::<String>();
+        let (mut tx, outbound) = futures::channel::mpsc::channel::<proto::common::Data>(4);
+        let pump = tokio::spawn(async move {
+            use futures::SinkExt as _;
+            let mut upload = upload;
+            while let Some(item) = upload.next().await {
+                match item {
+                    Ok(bytes) => {
+                        let data = proto::common::Data {
+                            metadata: None,
+                            bytes,
+                        };
+                        if tx.send(data).await.is_err() {
+                            return;
+                        }
+                    }
+                    Err(why) => {
+                        let _ = abandon.send(why);
+                        // Keep `tx`: the request stream must not end (until the call is dropped).
+                        let never: std::convert::Infallible = std::future::pending().await;
+                        match never {}
+                    }
+                }
+            }
+        });
+        let call = async {
+            let reply = MachineServiceClient::new(conn.channel)
+                .etcd_recover(outbound)
+                .await
+                .map_err(|s| from_status(node, ETCD_RECOVER, &s))?
+                .into_inner();
+            if let Some(m) = reply.messages.first() {
+                metadata_error(node, ETCD_RECOVER, m.metadata.as_ref())?;
+            }
+            Ok(())
+        };
+        let result = tokio::select! {
+            r = tokio::time::timeout(UPLOAD_TIMEOUT, call) => match r {
+                Ok(r) => r,
+                Err(_) => Err(error(
+                    node,
+                    ETCD_RECOVER,
+                    TalosApiFailure::Timeout,
+                    format!("the upload took longer than {UPLOAD_TIMEOUT:?}"),
+                )),
+            },
+            Ok(why) = abandoned => Err({
+                cut.cut();
+                error(
+                node,
+                ETCD_RECOVER,
+                TalosApiFailure::Malformed,
+                format!("the upload was abandoned (the node never saw it complete): {why}"),
+            )
+            }),
+        };
+        pump.abort();
+        result
     }
 }

@@ -29,7 +29,12 @@ impl Drop for Server {
 }
 
 pub(crate) fn serve(cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server {
-    let mut cmd = Command::new(BIN);
+    serve_bin(Path::new(BIN), cwd, args, env)
+}
+
+/// `serve` with the Plinth binary at `bin` (a benchmark's release build).
+pub(crate) fn serve_bin(bin: &Path, cwd: &Path, args: &[&str], env: &[(&str, String)]) -> Server {
+    let mut cmd = Command::new(bin);
     cmd.current_dir(cwd)
         .args(["serve", "--http", "127.0.0.1:0"])
         .args(args)

@@ -117,6 +117,7 @@ const LAYERS: &[(&str, &[&str], &[&str])] = &[
     ("store", &[], &["domain", "service::ports", "store"]),
     ("bmc", &[], &["domain", "service::ports", "bmc"]),
     ("images", &[], &["domain", "service::ports", "images"]),
+    ("objects", &[], &["domain", "service::ports", "objects"]),
     (
         "talos_api",
         &[],

@@ -38,6 +38,7 @@ mod reinstall_e2e;
 mod relay_pinning;
 mod router_adverts;
 mod secrets_at_rest;
+mod snapshots;
 mod store_battery;
 mod store_faults;
 mod talos_1_14;

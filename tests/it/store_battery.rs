@@ -1243,6 +1243,7 @@ fn cluster(name: &str, version: &str) -> ClusterRecord {
             bootstrap: Some(plinth::service::ports::configs::BootstrapMode::Manual),
             delivery: None,
             upgrade: None,
+            etcd_snapshots: None,
         },
         sealed_bundle: Some(vec![1, 2, 3]),
         sealed_base: None,

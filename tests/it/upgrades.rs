@@ -20,8 +20,6 @@ use serde_json::{json, Value};
 use crate::support::talos_node::{NodeOptions, SharedCluster, TalosNode, UpgradeFault};
 use crate::support::{self, free_port, Ask as _, Backend, TestServer};
 use crate::talos_configs::{apply_dir, schemas};
-use plinth::service::upgrade::{SnapshotCheck, VerifiedSnapshot};
-use plinth::service::ServiceError;
 
 /// One machine of the lab.
 #[derive(Clone, Copy)]
@@ -91,22 +89,38 @@ pub(crate) fn extra(port: u16) -> String {
     )
 }
 
-/// The inventory: cluster `lab` on v1.12.11 with its upgrade policy, seven machines (their
-/// Talos API answers on `127.0.{net}.0/24`, recorded when each install is verified).
+/// The inventory: cluster `lab` on v1.12.11 with its upgrade policy and etcd snapshots kept in
+/// the directory `dir/snapshots`, seven machines (their Talos API answers on
+/// `127.0.{net}.0/24`, recorded when each install is verified).
 pub(crate) fn write_inventory(dir: &Path, net: u8, upgrade: &str) -> PathBuf {
+    write_inventory_with(dir, net, upgrade, true)
+}
+
+/// `write_inventory`, with or without `etcdSnapshots` (the secrets bundle is written once).
+fn write_inventory_with(dir: &Path, net: u8, upgrade: &str, snapshots: bool) -> PathBuf {
     let inv = dir.join("inv");
     std::fs::create_dir_all(&inv).expect("mkdir");
     let secrets = dir.join("secrets.yaml");
-    std::fs::write(
-        &secrets,
-        plinth::talos::secrets::SecretsBundle::generate()
-            .expect("bundle")
-            .to_yaml()
-            .expect("yaml"),
-    )
-    .expect("secrets");
+    if !secrets.exists() {
+        std::fs::write(
+            &secrets,
+            plinth::talos::secrets::SecretsBundle::generate()
+                .expect("bundle")
+                .to_yaml()
+                .expect("yaml"),
+        )
+        .expect("secrets");
+    }
+    let policy = if snapshots {
+        format!(
+            "etcdSnapshots: {{every: 6h, keep: 3, store: \"file://{}\"}}\n",
+            dir.join("snapshots").display()
+        )
+    } else {
+        String::new()
+    };
     let mut doc = format!(
-        "kind: Cluster\nname: lab\nendpoint: https://10.88.0.10:6443\ntalosVersion: v1.12.11\nsecrets: {}\nbootstrap: manual\nupgrade:\n{upgrade}---\nkind: Profile\nname: vm\ninstallDisk:\n  type: ssd\n",
+        "kind: Cluster\nname: lab\nendpoint: https://10.88.0.10:6443\ntalosVersion: v1.12.11\nsecrets: {}\nbootstrap: manual\n{policy}upgrade:\n{upgrade}---\nkind: Profile\nname: vm\ninstallDisk:\n  type: ssd\n",
         secrets.display()
     );
     for m in LAB {
@@ -124,33 +138,13 @@ pub(crate) fn write_inventory(dir: &Path, net: u8, upgrade: &str) -> PathBuf {
     inv
 }
 
-/// Until the etcd snapshots of #20 are merged, the rollouts of these tests are started through
-/// the library with this answer to the snapshot pre-check (the server itself refuses them, see
-/// the first test); the server's driver runs them as it runs any rollout.
-struct SnapshotTaken;
-
-#[async_trait::async_trait]
-impl SnapshotCheck for SnapshotTaken {
-    async fn latest_verified(
-        &self,
-        _cluster: &str,
-    ) -> Result<Option<VerifiedSnapshot>, ServiceError> {
-        Ok(Some(VerifiedSnapshot {
-            id: "snapshot-of-the-test".into(),
-            taken_at: chrono::Utc::now(),
-            verified_at: Some(chrono::Utc::now()),
-            revision: Some(1),
-            store: None,
-        }))
-    }
-}
-
 /// The library's use cases over a server's database (as `app` wires them).
 pub(crate) struct Library {
     configs: plinth::service::ConfigService,
     inventory: plinth::service::Inventory,
     clusters: plinth::service::clusters::Clusters,
     pub(crate) upgrades: plinth::service::Upgrades,
+    snapshots: plinth::service::snapshots::Snapshots,
 }
 
 pub(crate) async fn library(db: &support::TestDb, extra: &str, instance: &str) -> Library {
@@ -170,10 +164,22 @@ pub(crate) async fn library(db: &support::TestDb, extra: &str, instance: &str) -
             ..Default::default()
         },
     );
+    // The snapshot pre-check reads, and a rollout takes, real snapshots (a directory store).
+    let snapshots = plinth::app::snapshots(
+        &clusters,
+        &store,
+        cfg.snapshot_s3.clone(),
+        plinth::app::secret_box(&cfg).expect("key"),
+        plinth::service::snapshots::SnapshotSettings {
+            instance: instance.into(),
+            turn: cfg.snapshot_turn,
+            ..Default::default()
+        },
+    );
     let upgrades = plinth::app::upgrades(
         &clusters,
         &store,
-        Arc::new(SnapshotTaken),
+        Arc::new(snapshots.clone()),
         plinth::service::UpgradeSettings {
             instance: instance.into(),
             ..cfg.upgrades.clone()
@@ -184,6 +190,7 @@ pub(crate) async fn library(db: &support::TestDb, extra: &str, instance: &str) -
         inventory,
         clusters,
         upgrades,
+        snapshots,
     }
 }
 
@@ -400,7 +407,8 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
     let extra = extra(port);
     let srv = TestServer::start_with(b, &extra).await;
     let tmp = tempfile::tempdir().expect("tmp");
-    let inv = write_inventory(tmp.path(), 20, "  maxWorkersPerRack: 2\n");
+    // First without `etcdSnapshots`: no snapshot can be taken, so no rollout can start.
+    let inv = write_inventory_with(tmp.path(), 20, "  maxWorkersPerRack: 2\n", false);
     apply_dir(&srv, &extra, &inv).await;
     let lib = library(&srv.db, &extra, "test-library").await;
     let lab = bring_up(&srv.base, &srv.admin, &lib, port, 20, 300).await;
@@ -410,8 +418,7 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
         .clone();
     let installer = format!("factory.talos.dev/metal-installer/{schematic}:v1.13.9");
 
-    // The plan: the snapshot pre-check of this server refuses (it records no snapshot), the
-    // others pass; control planes one at a time, the leader (cp-1, which bootstrapped) last;
+    // The plan: the snapshot pre-check fails (no snapshot is recorded), the others pass; control planes one at a time, the leader (cp-1, which bootstrapped) last;
     // workers two of r1 and the one of r2, then the third of r1.
     let plan = srv
         .req(Method::POST, "/api/v1/clusters/lab/upgrade", &srv.operator)
@@ -477,7 +484,10 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
         .await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text);
     assert!(
-        r.text.contains("upgrade_refused") && r.text.contains("pre-check `etcd snapshot` failed"),
+        r.text.contains("upgrade_refused")
+            && r.text.contains("pre-check `etcd snapshot` failed")
+            && r.text.contains("the snapshot taken for the rollout failed")
+            && r.text.contains("declares no etcdSnapshots"),
         "{}",
         r.text
     );
@@ -523,13 +533,41 @@ async fn upgrades_in_order_then_lifecycle(b: Backend) {
     assert_eq!(feed.status(), StatusCode::OK);
     let mut feed = feed.bytes_stream();
 
-    // Started (the snapshot check answered), the server's driver runs it to the end.
-    let started = lib
-        .upgrades
-        .start("lab", "v1.13.9", None, "token:test")
-        .await
-        .expect("start");
-    assert_eq!(started.rollout.installer, installer);
+    // With `etcdSnapshots` declared, starting it takes and verifies a snapshot first (into the
+    // directory store on disk), then the server's driver runs it to the end.
+    let inv = write_inventory_with(tmp.path(), 20, "  maxWorkersPerRack: 2\n", true);
+    apply_dir(&srv, &extra, &inv).await;
+    let r = srv
+        .req(Method::POST, "/api/v1/clusters/lab/upgrade", &srv.admin)
+        .json(&json!({"to": "v1.13.9"}))
+        .answer()
+        .await;
+    assert!(r.status.is_success(), "{}: {}", r.status, r.text);
+    let started = r.json();
+    assert_eq!(
+        started["rollout"]["installer"],
+        installer.as_str(),
+        "{started}"
+    );
+    let snaps = lib.snapshots.list("lab", 10).await.expect("snapshots");
+    assert_eq!(snaps.len(), 1, "one snapshot, taken for the rollout");
+    assert_eq!(snaps[0].state.as_str(), "verified");
+    assert_eq!(snaps[0].requested_by, "token:test-admin");
+    assert_eq!(
+        started["rollout"]["snapshot"]["id"],
+        snaps[0].id.to_string().as_str(),
+        "the rollout records the snapshot it started from"
+    );
+    assert!(
+        tmp.path()
+            .join("snapshots")
+            .join(&snaps[0].object)
+            .is_file(),
+        "the sealed snapshot is in the directory store"
+    );
+    let streamed: Vec<(u64, String)> = lab.nodes.iter().flat_map(|(_, n)| n.snapshots()).collect();
+    assert_eq!(streamed.len(), 1, "one node streamed it once");
+    assert_eq!(Some(streamed[0].1.clone()), snaps[0].sha256);
     let done = wait_rollout(&srv.base, &srv.viewer, "done", 180).await;
     for n in done["nodes"].as_array().expect("nodes") {
         assert_eq!(n["step"], "done", "{n}");
@@ -893,7 +931,7 @@ fn kill_9_mid_rollout_resumes_without_repeating_a_node() {
     }
     let done = rt.block_on(wait_rollout(&srv.base, &token, "done", 240));
     logs.push_str(&srv.log.lock().expect("log"));
-    // The CLI: the rollout as JSON; the next plan (this server records no etcd snapshot).
+    // The CLI: the rollout as JSON; the next plan (the snapshot taken for the rollout is fresh).
     let cli = |args: &[&str]| {
         let mut all = vec!["cluster", "upgrade", "lab"];
         all.extend_from_slice(args);
@@ -910,11 +948,11 @@ fn kill_9_mid_rollout_resumes_without_repeating_a_node() {
     for want in [
         "pre-checks:",
         "[ok] upgrade path",
-        "[FAILED] etcd snapshot",
+        "[ok] etcd snapshot",
         "LifecycleService.Upgrade",
         "cp-2",
         "w-4",
-        "the rollout would be refused",
+        "every pre-check passes",
     ] {
         assert!(out.contains(want), "{want} in:\n{out}");
     }
@@ -1029,8 +1067,13 @@ fn two_instances_never_run_two_rollouts() {
         rb.as_ref().err()
     );
     let refused = ra.err().or(rb.err()).expect("one refusal").to_string();
+    // Both found no snapshot and raced to take one: the loser is refused by the snapshot
+    // check (one instance at a time); or the winner's snapshot was fresh and the loser found
+    // its rollout.
     assert!(
-        refused.contains("active rollout") || refused.contains("no rollout running"),
+        refused.contains("active rollout")
+            || refused.contains("no rollout running")
+            || refused.contains("is being taken"),
         "{refused}"
     );
     let done = rt.block_on(wait_rollout(&two.base, &token, "done", 240));

@@ -83,6 +83,9 @@ pub struct ClusterSpec {
     /// Rolling upgrade policy (workers per rack, node deadline, snapshot age).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<super::upgrades::UpgradePolicy>,
+    /// etcd snapshots: how often, how many kept, where (`etcdSnapshots`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_snapshots: Option<crate::domain::snapshots::SnapshotPolicy>,
 }
 
 /// How a cluster's configs are released (`delivery:` of a Cluster in the inventory directory).

@@ -18,6 +18,7 @@ pub mod images;
 pub mod leases;
 pub mod machines;
 pub mod reinstalls;
+pub mod snapshots;
 pub mod talos_api;
 pub mod talos_state;
 pub mod tokens;
@@ -64,6 +65,8 @@ pub struct Stores {
     pub talos: Arc<dyn talos_state::TalosStateStore>,
     /// Rolling upgrades.
     pub upgrades: Arc<dyn upgrades::UpgradeStore>,
+    /// etcd snapshots, snapshot turns, recoveries.
+    pub snapshots: Arc<dyn snapshots::SnapshotStore>,
     /// Reachability of the database.
     pub health: Arc<dyn StoreHealth>,
 }
@@ -81,6 +84,7 @@ impl Stores {
             + ReinstallStore
             + talos_state::TalosStateStore
             + upgrades::UpgradeStore
+            + snapshots::SnapshotStore
             + StoreHealth,
     {
         Stores {
@@ -93,6 +97,7 @@ impl Stores {
             reinstalls: store.clone(),
             talos: store.clone(),
             upgrades: store.clone(),
+            snapshots: store.clone(),
             health: store,
         }
     }

@@ -14,7 +14,8 @@
 //! `MachineService.Reboot`; a reboot is told by the node's boot id (`Read` of
 //! `/proc/sys/kernel/random/boot_id`, as talosctl does). etcd snapshots and recovery
 //! (`EtcdSnapshot`, `EtcdRecover`, `Bootstrap` with `recover_etcd`) are further methods over the
-//! same node and credential types. Imports nothing but std, chrono and serde.
+//! same node and credential types. Imports nothing but std, chrono, serde and futures (the
+//! streams of snapshots).
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -315,4 +316,22 @@ pub trait TalosApi: Send + Sync + 'static {
 
     /// `MachineService.Reboot`. Never retried once the request may have been sent.
     async fn reboot(&self, node: &TalosNode) -> Result<(), TalosApiError>;
+    /// `MachineService.EtcdSnapshot`: the node's etcd snapshot as it streams (control planes
+    /// only). Each item is the next bytes; a stalled or broken stream ends with an error.
+    async fn etcd_snapshot(&self, node: &TalosNode) -> Result<SnapshotStream, TalosApiError>;
+
+    /// `MachineService.EtcdRecover`: upload a snapshot for a later `Bootstrap` with
+    /// `recover_etcd`. An `Err` item abandons the upload (the call is cancelled, so the node never
+    /// sees a complete upload). Never retried: the stream is consumed.
+    async fn etcd_recover(
+        &self,
+        node: &TalosNode,
+        upload: UploadStream,
+    ) -> Result<(), TalosApiError>;
 }
+
+/// The bytes of an etcd snapshot as a node streams them.
+pub type SnapshotStream = futures::stream::BoxStream<'static, Result<Vec<u8>, TalosApiError>>;
+
+/// The bytes of a snapshot to upload; an `Err` (why) abandons the upload.
+pub type UploadStream = futures::stream::BoxStream<'static, Result<Vec<u8>, String>>;

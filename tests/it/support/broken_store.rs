@@ -11,6 +11,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use plinth::domain::{LifecycleState, MacAddr, Machine, MachineId, MachineRef, UniqueKey};
+use plinth::service::ports::snapshots::{
+    RecoveryRecord, RecoveryState, SnapshotOutcome, SnapshotRecord, SnapshotStore,
+};
 use plinth::service::ports::talos_state::{
     BootstrapRecord, BootstrapState, NodeVerification, TalosStateStore,
 };
@@ -39,10 +42,11 @@ pub enum Port {
     Health,
     Talos,
     Upgrades,
+    Snapshots,
 }
 
 impl Port {
-    pub const ALL: [Port; 10] = [
+    pub const ALL: [Port; 11] = [
         Port::Machines,
         Port::Events,
         Port::Tokens,
@@ -53,6 +57,7 @@ impl Port {
         Port::Health,
         Port::Talos,
         Port::Upgrades,
+        Port::Snapshots,
     ];
 
     fn bit(self) -> u16 {
@@ -755,6 +760,109 @@ impl UpgradeStore for BrokenStore {
         self.port(Port::Upgrades)?
             .upgrades
             .end_rollout(id, owner, end, event)
+            .await
+    }
+}
+
+#[async_trait]
+impl SnapshotStore for BrokenStore {
+    async fn take_snapshot_turn(
+        &self,
+        cluster: &str,
+        instance: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .take_snapshot_turn(cluster, instance, now, until)
+            .await
+    }
+    async fn release_snapshot_turn(&self, cluster: &str, instance: &str) -> Result<(), StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .release_snapshot_turn(cluster, instance)
+            .await
+    }
+    async fn insert_snapshot(
+        &self,
+        r: &SnapshotRecord,
+        event: &NewEvent,
+    ) -> Result<(), StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .insert_snapshot(r, event)
+            .await
+    }
+    async fn finish_snapshot(
+        &self,
+        id: Uuid,
+        outcome: &SnapshotOutcome,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .finish_snapshot(id, outcome, event)
+            .await
+    }
+    async fn mark_snapshot_deleted(&self, id: Uuid, event: &NewEvent) -> Result<bool, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .mark_snapshot_deleted(id, event)
+            .await
+    }
+    async fn snapshots(
+        &self,
+        cluster: &str,
+        limit: u32,
+    ) -> Result<Vec<SnapshotRecord>, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .snapshots(cluster, limit)
+            .await
+    }
+    async fn snapshot(&self, id: Uuid) -> Result<Option<SnapshotRecord>, StoreError> {
+        self.port(Port::Snapshots)?.snapshots.snapshot(id).await
+    }
+    async fn claim_recovery(
+        &self,
+        r: &RecoveryRecord,
+        event: &NewEvent,
+    ) -> Result<Option<RecoveryRecord>, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .claim_recovery(r, event)
+            .await
+    }
+    async fn finish_recovery(
+        &self,
+        cluster: &str,
+        attempt_id: Uuid,
+        state: RecoveryState,
+        detail: &str,
+        at: DateTime<Utc>,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .finish_recovery(cluster, attempt_id, state, detail, at, event)
+            .await
+    }
+    async fn release_recovery(
+        &self,
+        cluster: &str,
+        attempt_id: Uuid,
+        event: &NewEvent,
+    ) -> Result<bool, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .release_recovery(cluster, attempt_id, event)
+            .await
+    }
+    async fn recovery(&self, cluster: &str) -> Result<Option<RecoveryRecord>, StoreError> {
+        self.port(Port::Snapshots)?
+            .snapshots
+            .recovery(cluster)
             .await
     }
 }

@@ -33,6 +33,7 @@
 
 pub mod bmc_peers;
 pub mod broken_store;
+pub mod etcd_db;
 pub mod lan;
 pub mod netns;
 pub mod peers;
@@ -192,6 +193,56 @@ pub async fn workflows_with(
         &store,
         clusters,
         cfg.workflows.clone(),
+    )
+}
+
+/// The etcd snapshot use cases over `srv`'s database, wired as `app` wires them (the default
+/// Talos API client; `extra` is the config, see [`config`], its `[snapshots]` S3 settings used).
+pub async fn snapshots_with(
+    srv: &TestServer,
+    extra: &str,
+) -> plinth::service::snapshots::Snapshots {
+    snapshots_as(
+        &srv.db,
+        extra,
+        &plinth::service::clusters::default_instance(),
+    )
+    .await
+}
+
+/// `snapshots_with` over `db`, as the Plinth instance named `instance`.
+pub async fn snapshots_as(
+    db: &TestDb,
+    extra: &str,
+    instance: &str,
+) -> plinth::service::snapshots::Snapshots {
+    let cfg = config(db, extra);
+    let store = plinth::app::open_store(&cfg, false).await.expect("store");
+    let secrets = plinth::app::secret_box(&cfg).expect("key");
+    let configs = plinth::app::config_service(
+        &store,
+        secrets.clone(),
+        Some(shared().join("talos/schemas")),
+    );
+    let clusters = plinth::app::clusters(
+        &configs,
+        &store,
+        std::sync::Arc::new(plinth::talos_api::TalosApiClient::default()),
+        plinth::service::clusters::ClusterSettings {
+            talos_api_port: cfg.workflows.talos_api_port,
+            ..Default::default()
+        },
+    );
+    plinth::app::snapshots(
+        &clusters,
+        &store,
+        cfg.snapshot_s3.clone(),
+        secrets,
+        plinth::service::snapshots::SnapshotSettings {
+            instance: instance.to_string(),
+            turn: cfg.snapshot_turn,
+            ..Default::default()
+        },
     )
 }
 

@@ -81,6 +81,10 @@ fn allowed(method: &str) -> &'static [&'static str] {
         "/machine.MachineService/EtcdMemberList" | "/machine.MachineService/EtcdStatus" => {
             ETCD_READ
         }
+        // Talos: a snapshot for admins, operators and etcd backups (not readers); a recovery
+        // upload for admins.
+        "/machine.MachineService/EtcdSnapshot" => &["os:admin", "os:operator", "os:etcd:backup"],
+        "/machine.MachineService/EtcdRecover" => &["os:admin"],
         _ => READ,
     }
 }
@@ -176,7 +180,43 @@ pub struct ClusterState {
     pub max_cps_down: usize,
     /// Every node going down and coming up, in order: `down cp-1`, `up cp-1 v1.13.9`.
     pub timeline: Vec<String>,
+    /// etcd's newest revision (what a snapshot holds); 0 means 1000000.
+    pub revision: u64,
+    /// Flip a byte of every snapshot streamed after etcd's trailer was computed (a corrupted
+    /// stream, which Plinth must refuse).
+    pub snapshot_corrupt: bool,
+    /// Snapshots streamed by any node: SHA-256 (hex) -> revision.
+    pub served: HashMap<String, u64>,
+    /// While set, a snapshot stream stops once it sent `hold_after` bytes (at least its first
+    /// chunk) and a recovery upload waits before reading (what a slow etcd or a slow link looks
+    /// like), each for at most two minutes.
+    pub hold: bool,
+    /// Bytes a snapshot stream sends before `hold` stops it.
+    pub hold_after: u64,
+    /// Snapshot streams that reached `hold_after` bytes, by any node.
+    pub snapshots_begun: u32,
     next_id: u64,
+}
+
+/// Wait while `cluster.hold` is set (bounded: two minutes).
+async fn held(cluster: &SharedCluster) {
+    for _ in 0..6000 {
+        if !cluster.lock().expect("cluster").hold {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+impl ClusterState {
+    /// The newest revision.
+    pub fn revision(&self) -> u64 {
+        if self.revision == 0 {
+            1_000_000
+        } else {
+            self.revision
+        }
+    }
 }
 
 pub type SharedCluster = Arc<Mutex<ClusterState>>;
@@ -202,6 +242,14 @@ pub struct NodeRecord {
     pub rejected_handshakes: u32,
     /// Upgrade calls taken: (call, image).
     pub upgrades: Vec<(String, String)>,
+    /// Snapshots streamed whole: (bytes, SHA-256 hex).
+    pub snapshots: Vec<(u64, String)>,
+    /// Recovery uploads received whole: (bytes, SHA-256 hex, etcd's trailer matched).
+    pub recover_uploads: Vec<(u64, String, bool)>,
+    /// Recovery uploads cut off before their end.
+    pub recover_aborted: u32,
+    /// Bootstraps that restored etcd from an uploaded snapshot: its SHA-256.
+    pub recovered_from: Vec<String>,
 }
 
 /// Options of a node.
@@ -229,6 +277,9 @@ pub struct NodeOptions {
     /// What goes wrong with an upgrade of this node.
     #[serde(default)]
     pub upgrade_fault: Option<UpgradeFault>,
+    /// Bytes of the etcd snapshot this node streams (default 1 MiB).
+    #[serde(default)]
+    pub snapshot_bytes: Option<u64>,
 }
 
 /// What goes wrong with an upgrade.
@@ -262,6 +313,8 @@ struct Node {
     member_id: Mutex<Option<u64>>,
     /// The etcd data directory holds data (bootstrapped or joined).
     etcd_data: Mutex<bool>,
+    /// The last complete recovery upload: (bytes, SHA-256 hex, etcd's trailer matched).
+    upload: Mutex<Option<(u64, String, bool)>>,
     cluster: SharedCluster,
     faults: Mutex<HashMap<String, Fault>>,
     record: Mutex<NodeRecord>,
@@ -500,6 +553,23 @@ impl MachineService for Api {
         if *n.etcd_data.lock().expect("data") {
             return refuse(Status::already_exists("etcd data directory is not empty"));
         }
+        let recover = req.get_ref().recover_etcd;
+        let mut recovered = None;
+        if recover {
+            // As Talos' etcd service: restore from the uploaded snapshot, checking etcd's hash
+            // unless told to skip it; the upload is used up.
+            let Some((_, sha, trailer_ok)) = n.upload.lock().expect("upload").take() else {
+                return refuse(Status::failed_precondition(
+                    "no etcd snapshot was uploaded for the recovery (EtcdRecover first)",
+                ));
+            };
+            if !trailer_ok && !req.get_ref().recover_skip_hash_check {
+                return refuse(Status::internal(
+                    "error recovering from the snapshot: snapshot file integrity check failed",
+                ));
+            }
+            recovered = Some(sha);
+        }
         {
             let mut c = n.cluster.lock().expect("cluster");
             c.next_id += 1;
@@ -515,7 +585,17 @@ impl MachineService for Api {
             *n.member_id.lock().expect("member") = Some(id);
             *n.etcd_data.lock().expect("data") = true;
         }
-        n.record.lock().expect("record").bootstraps += 1;
+        {
+            let mut r = n.record.lock().expect("record");
+            r.bootstraps += 1;
+            if let Some(sha) = recovered {
+                let mut c = n.cluster.lock().expect("cluster");
+                if let Some(rev) = c.served.get(&sha).copied() {
+                    c.revision = rev;
+                }
+                r.recovered_from.push(sha);
+            }
+        }
         Ok(Response::new(machine::BootstrapResponse {
             messages: vec![machine::Bootstrap { metadata: None }],
         }))
@@ -561,9 +641,51 @@ impl MachineService for Api {
 
     async fn etcd_recover(
         &self,
-        _req: Request<tonic::Streaming<common::Data>>,
+        req: Request<tonic::Streaming<common::Data>>,
     ) -> Result<Response<machine::EtcdRecoverResponse>, Status> {
-        Err(Status::unimplemented("not served by the test node"))
+        let n = &self.0;
+        n.enter(&req, "/machine.MachineService/EtcdRecover").await?;
+        if !n.cfg.is_control_plane() {
+            return Err(Status::unimplemented(
+                "etcd recover is only available on control plane nodes",
+            ));
+        }
+        // Kept as it arrives (here: hashed), never whole; etcd's trailer checked at the end.
+        held(&n.cluster).await;
+        let mut stream = req.into_inner();
+        let (mut size, mut all, mut body) = (0u64, sha2::Sha256::new(), sha2::Sha256::new());
+        let mut tail: Vec<u8> = Vec::new();
+        loop {
+            match stream.message().await {
+                Ok(Some(d)) => {
+                    size += d.bytes.len() as u64;
+                    all.update(&d.bytes);
+                    tail.extend_from_slice(&d.bytes);
+                    if tail.len() > 32 {
+                        let cut = tail.len() - 32;
+                        body.update(&tail[..cut]);
+                        tail.drain(..cut);
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // The client went away mid-upload: nothing is kept (as Talos removes it).
+                    n.record.lock().expect("record").recover_aborted += 1;
+                    return Err(e);
+                }
+            }
+        }
+        let sha = hex::encode(all.finalize());
+        let trailer_ok = size % 512 == 32 && body.finalize().as_slice() == tail.as_slice();
+        *n.upload.lock().expect("upload") = Some((size, sha.clone(), trailer_ok));
+        n.record
+            .lock()
+            .expect("record")
+            .recover_uploads
+            .push((size, sha, trailer_ok));
+        Ok(Response::new(machine::EtcdRecoverResponse {
+            messages: vec![machine::EtcdRecover { metadata: None }],
+        }))
     }
 
     type EtcdSnapshotStream =
@@ -571,9 +693,68 @@ impl MachineService for Api {
 
     async fn etcd_snapshot(
         &self,
-        _req: Request<machine::EtcdSnapshotRequest>,
+        req: Request<machine::EtcdSnapshotRequest>,
     ) -> Result<Response<Self::EtcdSnapshotStream>, Status> {
-        Err(Status::unimplemented("not served by the test node"))
+        let n = self.0.clone();
+        n.enter(&req, "/machine.MachineService/EtcdSnapshot")
+            .await?;
+        if !n.cfg.is_control_plane() {
+            return Err(Status::unimplemented(
+                "etcd snapshot is only available on control plane nodes",
+            ));
+        }
+        if !n.etcd_running() {
+            return Err(Status::unavailable(
+                "failed to create etcd client: etcd is not running on this node",
+            ));
+        }
+        let (revision, corrupt, hold_after) = {
+            let c = n.cluster.lock().expect("cluster");
+            (c.revision(), c.snapshot_corrupt, c.hold_after)
+        };
+        let db = super::etcd_db::EtcdDb::new(n.opts.snapshot_bytes.unwrap_or(1 << 20), revision);
+        // Generated as it is sent (a bounded channel: the client's pace), never held whole.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<common::Data, Status>>(4);
+        tokio::spawn(async move {
+            let mut all = sha2::Sha256::new();
+            let mut size = 0u64;
+            let chunks = db.chunks(256 << 10);
+            let mut first = true;
+            let mut begun = false;
+            for mut bytes in chunks {
+                if corrupt && first && bytes.len() > 100 {
+                    bytes[100] ^= 0x5a;
+                }
+                first = false;
+                size += bytes.len() as u64;
+                all.update(&bytes);
+                if tx
+                    .send(Ok(common::Data {
+                        metadata: None,
+                        bytes,
+                    }))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+                if !begun && size >= hold_after {
+                    begun = true;
+                    n.cluster.lock().expect("cluster").snapshots_begun += 1;
+                    held(&n.cluster).await;
+                }
+            }
+            let sha = hex::encode(all.finalize());
+            n.cluster
+                .lock()
+                .expect("cluster")
+                .served
+                .insert(sha.clone(), db.revision);
+            n.record.lock().expect("record").snapshots.push((size, sha));
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn etcd_status(
@@ -1159,6 +1340,7 @@ impl TalosNode {
             ip,
             member_id: Mutex::new(None),
             etcd_data: Mutex::new(false),
+            upload: Mutex::new(None),
             cluster: cluster.clone(),
             faults: Mutex::default(),
             record: Mutex::default(),
@@ -1268,6 +1450,50 @@ impl TalosNode {
                 times,
             },
         );
+    }
+
+    /// Snapshots streamed whole: (bytes, SHA-256 hex).
+    pub fn snapshots(&self) -> Vec<(u64, String)> {
+        self.node.record.lock().expect("record").snapshots.clone()
+    }
+
+    /// Recovery uploads received whole: (bytes, SHA-256 hex, etcd's trailer matched).
+    pub fn recover_uploads(&self) -> Vec<(u64, String, bool)> {
+        self.node
+            .record
+            .lock()
+            .expect("record")
+            .recover_uploads
+            .clone()
+    }
+
+    /// Recovery uploads cut off before their end.
+    pub fn recover_aborted(&self) -> u32 {
+        self.node.record.lock().expect("record").recover_aborted
+    }
+
+    /// Bootstraps that restored etcd from an uploaded snapshot (its SHA-256).
+    pub fn recovered_from(&self) -> Vec<String> {
+        self.node
+            .record
+            .lock()
+            .expect("record")
+            .recovered_from
+            .clone()
+    }
+
+    /// The node lost its etcd and was wiped (EPHEMERAL reset): no data, not a member; its etcd
+    /// waits for a bootstrap (or joins a cluster that has one).
+    pub fn lose_etcd(&self) {
+        let mut c = self.node.cluster.lock().expect("cluster");
+        let mut mine = self.node.member_id.lock().expect("member");
+        if let Some(id) = mine.take() {
+            c.members.retain(|m| m.id != id);
+            if c.leader == id {
+                c.leader = c.members.first().map_or(0, |m| m.id);
+            }
+        }
+        *self.node.etcd_data.lock().expect("data") = false;
     }
 
     /// Bootstraps that started etcd here.
