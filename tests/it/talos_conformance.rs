@@ -696,6 +696,42 @@ const CASES: &[Case] = &[
         verdicts: [Error("(document root)"), Error("provisioning"), Error("provisioning"), Error("provisioning")],
     },
     Case {
+        name: "UserVolumeConfig volumeType in upper case (VolumeType is enumer -text)",
+        talos: BLOCK_ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nvolumeType: DIRECTORY\n"],
+        // 1.11 has no volumeType field.
+        verdicts: [Error("(document root)"), Accepted, Accepted, Accepted],
+    },
+    Case {
+        name: "UserVolumeConfig volumeType directory in upper case with provisioning",
+        talos: USER_VOLUME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nvolumeType: Directory\nprovisioning:\n  maxSize: 10GiB\n"],
+        verdicts: [Error("(document root)"), Error("provisioning"), Error("provisioning"), Error("provisioning")],
+    },
+    Case {
+        name: "UserVolumeConfig volumeType tmpfs (decoded, then refused)",
+        talos: USER_VOLUME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nvolumeType: tmpfs\n"],
+        verdicts: [Error("(document root)"), Error("volumeType"), Error("volumeType"), Error("volumeType")],
+    },
+    Case {
+        name: "UserVolumeConfig filesystem type none (the default, XFS)",
+        talos: USER_VOLUME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.transport == \"nvme\"\n  maxSize: 10GiB\nfilesystem:\n  type: None\n"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "UserVolumeConfig filesystem type vfat (decoded, then refused)",
+        talos: USER_VOLUME,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: UserVolumeConfig\nname: data\nprovisioning:\n  diskSelector:\n    match: disk.transport == \"nvme\"\n  maxSize: 10GiB\nfilesystem:\n  type: vfat\n"],
+        verdicts: [Error("filesystem.type"); 4],
+    },
+    Case {
         name: "RawVolumeConfig on an NVMe disk",
         talos: "pkg/machinery/config/types/block/raw_volume_config.go",
         base: Base::Worker,
@@ -722,6 +758,13 @@ const CASES: &[Case] = &[
         base: Base::Worker,
         patches: &["apiVersion: v1alpha1\nkind: ExternalVolumeConfig\nname: share\nfilesystemType: xfs\n"],
         verdicts: [Error("kind"), Error("kind"), Error("filesystemType"), Error("filesystemType")],
+    },
+    Case {
+        name: "ExternalVolumeConfig filesystemType in mixed case",
+        talos: BLOCK_ENUMER,
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: ExternalVolumeConfig\nname: share\nfilesystemType: VirtioFS\nmount:\n  virtiofs:\n    tag: share\n"],
+        verdicts: [Error("kind"), Error("kind"), Accepted, Accepted],
     },
     Case {
         name: "encryption key TPM PCR out of range",

@@ -85,7 +85,11 @@ pub(super) fn correct_schema(schema: &mut Value) {
     //   ingress), NetworkRuleConfig (rule.go: portSelector.protocol), ResolverConfig
     //   (resolver.go: nameservers[].protocol, 1.14);
     // - block types (pkg/machinery/resources/block/volumetype_enumer.go) of the volume
-    //   documents: filesystem `type` and encryption `provider`.
+    //   documents: filesystem `type` and encryption `provider`, UserVolumeConfig `volumeType`
+    //   (user_volume_config.go, 1.12+), ExternalVolumeConfig `filesystemType`
+    //   (external_volume_config.go, 1.13+). The filesystem `type` also takes `none`
+    //   (`FilesystemTypeNone`, which `FilesystemSpec.Validate()` in user_volume_config.go
+    //   accepts as the default, XFS), which the schema does not list.
     // Not `failOverMac`: `nethelpers.FailOverMAC` has its own `UnmarshalText`
     // (pkg/machinery/nethelpers/failovermac.go), an exact `switch` (corrected below).
     for (def, prop) in [
@@ -106,6 +110,8 @@ pub(super) fn correct_schema(schema: &mut Value) {
         ("network.NameserverConfig", "protocol"),
         ("block.FilesystemSpec", "type"),
         ("block.EncryptionSpec", "provider"),
+        ("block.UserVolumeConfigV1Alpha1", "volumeType"),
+        ("block.ExternalVolumeConfigV1Alpha1", "filesystemType"),
     ] {
         if let Some(field) = defs
             .get_mut(def)
@@ -118,7 +124,12 @@ pub(super) fn correct_schema(schema: &mut Value) {
                     .map(|v| v.as_str().map(str::to_string))
                     .collect()
             });
-            if let Some(names) = names.filter(|n| !n.is_empty()) {
+            if let Some(mut names) = names.filter(|n| !n.is_empty()) {
+                if (def, prop) == ("block.FilesystemSpec", "type")
+                    && !names.iter().any(|n| n == "none")
+                {
+                    names.push("none".into());
+                }
                 field.remove("enum");
                 field.insert("type".into(), json!("string"));
                 field.insert("pattern".into(), Value::String(fold_pattern(&names)));
