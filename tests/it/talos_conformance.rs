@@ -767,6 +767,20 @@ const CASES: &[Case] = &[
         verdicts: [Error("kind"), Error("kind"), Accepted, Accepted],
     },
     Case {
+        name: "VolumeConfig encryption provider none without keys (no encryption)",
+        talos: "pkg/machinery/config/types/block/encryption.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\nencryption:\n  provider: None\n"],
+        verdicts: [Accepted; 4],
+    },
+    Case {
+        name: "VolumeConfig encryption provider none with keys",
+        talos: "pkg/machinery/config/types/block/encryption.go",
+        base: Base::Worker,
+        patches: &["apiVersion: v1alpha1\nkind: VolumeConfig\nname: EPHEMERAL\nencryption:\n  provider: none\n  keys:\n    - slot: 0\n      nodeID: {}\n"],
+        verdicts: [Error("encryption.provider"); 4],
+    },
+    Case {
         name: "encryption key TPM PCR out of range",
         talos: "pkg/machinery/config/types/block/encryption.go",
         base: Base::Worker,

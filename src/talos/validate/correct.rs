@@ -89,7 +89,9 @@ pub(super) fn correct_schema(schema: &mut Value) {
     //   (user_volume_config.go, 1.12+), ExternalVolumeConfig `filesystemType`
     //   (external_volume_config.go, 1.13+). The filesystem `type` also takes `none`
     //   (`FilesystemTypeNone`, which `FilesystemSpec.Validate()` in user_volume_config.go
-    //   accepts as the default, XFS), which the schema does not list.
+    //   accepts as the default, XFS), which the schema does not list; so does the encryption
+    //   `provider` (`EncryptionProviderNone`: with no keys the spec is empty and
+    //   `EncryptionSpec.Validate()` in encryption.go accepts it; with keys it refuses it).
     // Not `failOverMac`: `nethelpers.FailOverMAC` has its own `UnmarshalText`
     // (pkg/machinery/nethelpers/failovermac.go), an exact `switch` (corrected below).
     for (def, prop) in [
@@ -125,8 +127,10 @@ pub(super) fn correct_schema(schema: &mut Value) {
                     .collect()
             });
             if let Some(mut names) = names.filter(|n| !n.is_empty()) {
-                if (def, prop) == ("block.FilesystemSpec", "type")
-                    && !names.iter().any(|n| n == "none")
+                if matches!(
+                    (def, prop),
+                    ("block.FilesystemSpec", "type") | ("block.EncryptionSpec", "provider")
+                ) && !names.iter().any(|n| n == "none")
                 {
                     names.push("none".into());
                 }
