@@ -85,9 +85,15 @@ pub(super) fn correct_schema(schema: &mut Value) {
     //   ingress), NetworkRuleConfig (rule.go: portSelector.protocol), ResolverConfig
     //   (resolver.go: nameservers[].protocol, 1.14);
     // - block types (pkg/machinery/resources/block/volumetype_enumer.go) of the volume
-    //   documents: filesystem `type` and encryption `provider`.
+    //   documents: filesystem `type` and encryption `provider`, UserVolumeConfig `volumeType`
+    //   (user_volume_config.go, 1.12+), ExternalVolumeConfig `filesystemType`
+    //   (external_volume_config.go, 1.13+). The filesystem `type` also takes `none`
+    //   (`FilesystemTypeNone`, which `FilesystemSpec.Validate()` in user_volume_config.go
+    //   accepts as the default, XFS), which the schema does not list; so does the encryption
+    //   `provider` (`EncryptionProviderNone`: with no keys the spec is empty and
+    //   `EncryptionSpec.Validate()` in encryption.go accepts it; with keys it refuses it).
     // Not `failOverMac`: `nethelpers.FailOverMAC` has its own `UnmarshalText`
-    // (pkg/machinery/nethelpers/failovermac.go), an exact `switch`, so it stays an exact enum.
+    // (pkg/machinery/nethelpers/failovermac.go), an exact `switch` (corrected below).
     for (def, prop) in [
         ("network.BondConfigV1Alpha1", "bondMode"),
         ("network.BondConfigV1Alpha1", "xmitHashPolicy"),
@@ -106,6 +112,8 @@ pub(super) fn correct_schema(schema: &mut Value) {
         ("network.NameserverConfig", "protocol"),
         ("block.FilesystemSpec", "type"),
         ("block.EncryptionSpec", "provider"),
+        ("block.UserVolumeConfigV1Alpha1", "volumeType"),
+        ("block.ExternalVolumeConfigV1Alpha1", "filesystemType"),
     ] {
         if let Some(field) = defs
             .get_mut(def)
@@ -118,13 +126,91 @@ pub(super) fn correct_schema(schema: &mut Value) {
                     .map(|v| v.as_str().map(str::to_string))
                     .collect()
             });
-            if let Some(names) = names.filter(|n| !n.is_empty()) {
+            if let Some(mut names) = names.filter(|n| !n.is_empty()) {
+                if matches!(
+                    (def, prop),
+                    ("block.FilesystemSpec", "type") | ("block.EncryptionSpec", "provider")
+                ) && !names.iter().any(|n| n == "none")
+                {
+                    names.push("none".into());
+                }
                 field.remove("enum");
                 field.insert("type".into(), json!("string"));
                 field.insert("pattern".into(), Value::String(fold_pattern(&names)));
             }
         }
     }
+
+    // `wakeOnLan` of EthernetConfig is a `[]nethelpers.WOLMode`
+    // (pkg/machinery/config/types/network/ethernet.go, 1.12 to 1.14; the type in
+    // pkg/machinery/nethelpers/wol.go), an `enumer -text -linecomment` type
+    // (arpalltargets_enumer.go) whose names are the ethtool modes below, read in any
+    // capitalisation like the enums above. The schemas give the items as any string. The
+    // names are the same at v1.12.11, v1.13.9 and v1.14.0-rc.1.
+    if let Some(items) = defs
+        .get_mut("network.EthernetConfigV1Alpha1")
+        .and_then(|d| d.pointer_mut("/properties/wakeOnLan/items"))
+        .and_then(Value::as_object_mut)
+    {
+        if !items.contains_key("pattern") && !items.contains_key("enum") {
+            let names: Vec<String> = WOL_MODES.iter().map(|n| n.to_string()).collect();
+            items.insert("type".into(), json!("string"));
+            items.insert("pattern".into(), Value::String(fold_pattern(&names)));
+        }
+    }
+
+    // `failOverMac` of BondConfig is a `nethelpers.FailOverMAC`, whose own `UnmarshalText`
+    // (pkg/machinery/nethelpers/failovermac.go, 1.12 to 1.14) takes the names `none`, `active`,
+    // `follow` exactly as written, the empty text (as `none`), and, for older configs, the
+    // decimal numbers 0 to 2 (`strconv.ParseInt` base 10: an optional sign, leading zeros).
+    // The YAML decoder (gopkg.in/yaml.v3 in 1.11, go.yaml.in/yaml/v4 from 1.12) hands any
+    // scalar's text to `UnmarshalText`, so the YAML integer `1` and the string `"1"` both
+    // decode. The schema lists the three names only.
+    if let Some(field) = defs
+        .get_mut("network.BondConfigV1Alpha1")
+        .and_then(|d| d.pointer_mut("/properties/failOverMac"))
+        .and_then(Value::as_object_mut)
+    {
+        if let Some(Value::Array(names)) = field.remove("enum") {
+            let mut names: Vec<String> = names
+                .iter()
+                .filter_map(|n| n.as_str())
+                .map(regex_escape)
+                .collect();
+            names.push(String::new());
+            field.insert(
+                "anyOf".into(),
+                json!([
+                    {"type": "string", "pattern": format!(
+                        "^(?:{}|\\+?0*[0-2]|-0+)$", names.join("|"))},
+                    {"type": "integer", "minimum": 0, "maximum": 2}
+                ]),
+            );
+        }
+    }
+}
+
+/// The Wake-on-LAN mode names of `nethelpers.WOLMode` (pkg/machinery/nethelpers/wol.go).
+const WOL_MODES: [&str; 7] = [
+    "phy",
+    "unicast",
+    "multicast",
+    "broadcast",
+    "magic",
+    "magicsecure",
+    "filter",
+];
+
+/// `s` with the characters a regular expression gives a meaning escaped.
+fn regex_escape(s: &str) -> String {
+    let mut out = String::new();
+    for c in s.chars() {
+        if r".+*?()|[]{}^$\".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Go's `strings.ToLower` for the texts Talos' enums compare: each character by its simple
@@ -285,8 +371,33 @@ mod tests {
             folded_names(pattern),
             Some(vec!["balance-rr".to_string(), "802.3ad".to_string()])
         );
-        // FailOverMAC parses exactly: its enum stays.
-        assert!(props["failOverMac"].get("enum").is_some());
+        // FailOverMAC parses its names exactly, plus the empty text and the numbers 0 to 2.
+        assert!(props["failOverMac"].get("enum").is_none());
+        let fom = jsonschema::validator_for(&props["failOverMac"]).expect("compiles");
+        for ok in [
+            json!("none"),
+            json!("active"),
+            json!(""),
+            json!("1"),
+            json!("+2"),
+            json!("002"),
+            json!("-0"),
+            json!(0),
+            json!(2),
+        ] {
+            assert!(fom.is_valid(&ok), "{ok}");
+        }
+        for bad in [
+            json!("Active"),
+            json!("follow"),
+            json!("3"),
+            json!("-1"),
+            json!(" 1"),
+            json!(3),
+            json!(-1),
+        ] {
+            assert!(!fom.is_valid(&bad), "{bad}");
+        }
         let v = jsonschema::validator_for(&props["bondMode"]).expect("compiles");
         for ok in [
             "balance-rr",

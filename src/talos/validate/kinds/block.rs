@@ -432,7 +432,19 @@ fn user_volume(d: &mut Doc<'_, '_>, ctx: &Ctx) {
         encryption(d, ctx);
         return;
     }
-    let vtype = match d.text("volumeType") {
+    // `block.VolumeType` is an `enumer -text` type: any capitalisation decodes.
+    let vtype = match canonical(
+        d.text("volumeType"),
+        &[
+            "partition",
+            "disk",
+            "tmpfs",
+            "directory",
+            "symlink",
+            "overlay",
+            "external",
+        ],
+    ) {
         "" => "partition",
         t => t,
     };
@@ -494,7 +506,13 @@ fn existing_volume(d: &mut Doc<'_, '_>, ctx: &Ctx) {
 
 fn external_volume(d: &mut Doc<'_, '_>, _: &Ctx) {
     volume_name(d, Some(NAME_MAX));
-    let fs = d.text("filesystemType");
+    // `block.FilesystemType` is an `enumer -text` type: any capitalisation decodes.
+    let fs = canonical(
+        d.text("filesystemType"),
+        &[
+            "none", "xfs", "vfat", "ext4", "iso9660", "swap", "virtiofs", "btrfs",
+        ],
+    );
     if fs == "virtiofs" {
         if d.at("mount.virtiofs").is_none() {
             d.err("mount.virtiofs", "virtiofs mount spec is required");
