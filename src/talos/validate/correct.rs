@@ -87,7 +87,9 @@ pub(super) fn correct_schema(schema: &mut Value) {
     // - block types (pkg/machinery/resources/block/volumetype_enumer.go) of the volume
     //   documents: filesystem `type` and encryption `provider`, UserVolumeConfig `volumeType`
     //   (user_volume_config.go, 1.12+), ExternalVolumeConfig `filesystemType`
-    //   (external_volume_config.go, 1.13+). The filesystem `type` also takes `none`
+    //   (external_volume_config.go, 1.13+);
+    // - storage types (pkg/machinery/resources/storage/lvmlogicalvolumetype_enumer.go, 1.14):
+    //   RAIDArrayConfig (raid_array_config.go: level). The filesystem `type` also takes `none`
     //   (`FilesystemTypeNone`, which `FilesystemSpec.Validate()` in user_volume_config.go
     //   accepts as the default, XFS), which the schema does not list; so does the encryption
     //   `provider` (`EncryptionProviderNone`: with no keys the spec is empty and
@@ -114,6 +116,7 @@ pub(super) fn correct_schema(schema: &mut Value) {
         ("block.EncryptionSpec", "provider"),
         ("block.UserVolumeConfigV1Alpha1", "volumeType"),
         ("block.ExternalVolumeConfigV1Alpha1", "filesystemType"),
+        ("storage.RAIDArrayConfigV1Alpha1", "level"),
     ] {
         if let Some(field) = defs
             .get_mut(def)

@@ -8,7 +8,7 @@ use serde_yaml_ng::Value;
 use super::{go_duration, negative_duration, volume_name_chars, Ctx, Doc, KindRule, NOW};
 use crate::talos::disk::parse_size;
 use crate::talos::validate::cel::CelEnv;
-use crate::talos::validate::correct::canonical;
+use crate::talos::validate::correct::{canonical, fold_enum};
 
 pub(super) const KINDS: &[KindRule] = &[
     (
@@ -602,9 +602,22 @@ fn lvm_volume_group(d: &mut Doc<'_, '_>, ctx: &Ctx) {
 
 fn lvm_logical_volume(d: &mut Doc<'_, '_>, _: &Ctx) {
     storage_name(d, 63);
+    // `type` is a `storage.LVMLogicalVolumeType`, an enumer type
+    // (pkg/machinery/resources/storage/lvmlogicalvolumetype_enumer.go, 1.14): the decoder takes
+    // its four names in any capitalisation and refuses anything else; absent, it is `linear`.
+    // The schema has no enum for it.
     let t = match d.text("type") {
         "" => "linear",
-        t => t,
+        t => match fold_enum(t, &["linear", "raid1", "raid0", "raid10"]) {
+            Some(t) => t,
+            None => {
+                let msg = format!(
+                    "{t:?} does not belong to LVMLogicalVolumeType values (linear, raid1, raid0, raid10)"
+                );
+                d.err("type", msg);
+                return;
+            }
+        },
     };
     let mirrors = matches!(t, "raid1" | "raid10");
     let stripes = matches!(t, "raid0" | "raid10");
