@@ -105,7 +105,9 @@ impl LeaseView {
             .cloned()
     }
 
-    /// Every row of `mac`, newest first.
+    /// Every row of `mac`, newest first (the store reads these from the database: see
+    /// `leases_of_mac`).
+    #[cfg(test)]
     pub(crate) fn of_mac(&self, mac: MacAddr) -> Vec<Lease> {
         let mut all: Vec<Lease> = self.read().of_mac(mac).cloned().collect();
         all.sort_by_key(|l| std::cmp::Reverse((l.updated_ms, l.ip)));

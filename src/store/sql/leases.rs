@@ -344,9 +344,10 @@ impl LeaseStore for Store {
     }
 
     async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
-        if let Some(view) = self.lease_view() {
-            return Ok(view.of_mac(mac));
-        }
+        // Not from the lease view: this is not on the DHCP path (config delivery's lease
+        // binding, the console's switch port), and it must answer from the committed rows for
+        // any process that opens the file, not only for the one whose group commit feeds the
+        // view (a second process's view holds what was there when it opened).
         let rows = sqlx::query(&format!(
             "SELECT {LEASE_COLS} FROM dhcp_leases WHERE mac = $1 ORDER BY updated_ms DESC"
         ))
