@@ -37,7 +37,9 @@ require_tools curl s3s-fs cargo
 target="${CARGO_TARGET_DIR:-target}"
 if [ "$PROFILE" = release ]; then
     cargo build --release -j 2 --bin plinth
-    export PLINTH_BENCH_BIN="$target/release/plinth"
+    # Absolute: the test starts the server from a temporary directory.
+    PLINTH_BENCH_BIN="$(realpath "$target/release/plinth")"
+    export PLINTH_BENCH_BIN
 else
     unset PLINTH_BENCH_BIN
 fi

@@ -1200,6 +1200,10 @@ async fn etcd_snapshot_throughput_against_curl() {
         bytes,
     )
     .await;
+    // etcd's revision is at least its number of keys: a database past ~1 GiB holds more than
+    // a million, so the generated one needs a later revision.
+    let revision = 1_000_000u64.max(bytes / 512);
+    lab.etcd.lock().expect("etcd").revision = revision;
     let config = lab.process_config();
     // The Plinth binary measured: `PLINTH_BENCH_BIN` (the script's `cargo build --release`),
     // else the test build's.
@@ -1222,7 +1226,7 @@ async fn etcd_snapshot_throughput_against_curl() {
     {
         use std::io::Write as _;
         let mut f = std::io::BufWriter::new(std::fs::File::create(&plain).expect("file"));
-        let db = crate::support::etcd_db::EtcdDb::new(bytes, 1_000_000);
+        let db = crate::support::etcd_db::EtcdDb::new(bytes, revision);
         for c in db.chunks(1 << 20) {
             f.write_all(&c).expect("write");
         }
