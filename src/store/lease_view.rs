@@ -105,15 +105,6 @@ impl LeaseView {
             .cloned()
     }
 
-    /// Every row of `mac`, newest first (the store reads these from the database: see
-    /// `leases_of_mac`).
-    #[cfg(test)]
-    pub(crate) fn of_mac(&self, mac: MacAddr) -> Vec<Lease> {
-        let mut all: Vec<Lease> = self.read().of_mac(mac).cloned().collect();
-        all.sort_by_key(|l| std::cmp::Reverse((l.updated_ms, l.ip)));
-        all
-    }
-
     /// Addresses of `subnet` not reusable at `now_ms`: offered, bound or declined, unexpired.
     pub(crate) fn busy(&self, subnet: &str, now_ms: i64) -> Vec<Ipv4Addr> {
         self.read()
@@ -191,7 +182,7 @@ mod tests {
             v.newest(net, m1).map(|l| l.ip),
             Some(Ipv4Addr::new(10, 0, 0, 1))
         );
-        assert_eq!(v.of_mac(m1).len(), 1);
+        assert_eq!(v.read().of_mac(m1).count(), 1);
         assert_eq!(v.newest(net, m2).map(|l| l.updated_ms), Some(30));
         assert_eq!(v.newest("10.1.0.0/24", m2), None);
         v.apply([row(1, 1, LeaseState::Released, 40)]);
