@@ -263,24 +263,15 @@ impl SnapshotStore for Store {
         at: DateTime<Utc>,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
-        let (_turn, mut tx) = self.begin_write().await?;
-        let res = sqlx::query(
-            "UPDATE cluster_recoveries SET state = $1, finished_at = $2, detail = $3 \
-             WHERE cluster = $4 AND attempt_id = $5 AND state = 'calling'",
+        super::talos_state::end_attempt(
+            self,
+            "cluster_recoveries",
+            cluster,
+            attempt_id,
+            Some((state.as_str(), detail, at)),
+            event,
         )
-        .bind(state.as_str())
-        .bind(at)
-        .bind(detail)
-        .bind(cluster)
-        .bind(attempt_id)
-        .execute(&mut *tx)
-        .await?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        .await
     }
 
     async fn release_recovery(
@@ -289,20 +280,15 @@ impl SnapshotStore for Store {
         attempt_id: Uuid,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
-        let (_turn, mut tx) = self.begin_write().await?;
-        let res = sqlx::query(
-            "DELETE FROM cluster_recoveries WHERE cluster = $1 AND attempt_id = $2 AND state = 'calling'",
+        super::talos_state::end_attempt(
+            self,
+            "cluster_recoveries",
+            cluster,
+            attempt_id,
+            None,
+            event,
         )
-        .bind(cluster)
-        .bind(attempt_id)
-        .execute(&mut *tx)
-        .await?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        .await
     }
 
     async fn recovery(&self, cluster: &str) -> Result<Option<RecoveryRecord>, StoreError> {

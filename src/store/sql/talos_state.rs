@@ -38,6 +38,52 @@ fn bootstrap_row(r: &Row) -> Result<BootstrapRecord, StoreError> {
     })
 }
 
+/// Ends the attempt `attempt_id` of `cluster` in `table` (`cluster_bootstraps` or
+/// `cluster_recoveries`: the one permitted call of each kind) while it is still `calling`:
+/// with `Some((state, detail, at))` it records how the call ended, with `None` it deletes the
+/// claim (the call was never made). The event is written in the same transaction; `false`
+/// when the attempt was not calling any more.
+pub(super) async fn end_attempt(
+    store: &Store,
+    table: &'static str,
+    cluster: &str,
+    attempt_id: Uuid,
+    finished: Option<(&str, &str, DateTime<Utc>)>,
+    event: &NewEvent,
+) -> Result<bool, StoreError> {
+    let (_turn, mut tx) = store.begin_write().await?;
+    let res = match finished {
+        Some((state, detail, at)) => {
+            sqlx::query(&format!(
+                "UPDATE {table} SET state = $1, finished_at = $2, detail = $3 \
+                 WHERE cluster = $4 AND attempt_id = $5 AND state = 'calling'"
+            ))
+            .bind(state)
+            .bind(at)
+            .bind(detail)
+            .bind(cluster)
+            .bind(attempt_id)
+            .execute(&mut *tx)
+            .await?
+        }
+        None => {
+            sqlx::query(&format!(
+                "DELETE FROM {table} WHERE cluster = $1 AND attempt_id = $2 AND state = 'calling'"
+            ))
+            .bind(cluster)
+            .bind(attempt_id)
+            .execute(&mut *tx)
+            .await?
+        }
+    };
+    if res.rows_affected() == 0 {
+        return Ok(false);
+    }
+    insert_events(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 #[async_trait]
 impl TalosStateStore for Store {
     async fn claim_bootstrap(
@@ -87,24 +133,15 @@ impl TalosStateStore for Store {
         at: DateTime<Utc>,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
-        let (_turn, mut tx) = self.begin_write().await?;
-        let res = sqlx::query(
-            "UPDATE cluster_bootstraps SET state = $1, finished_at = $2, detail = $3 \
-             WHERE cluster = $4 AND attempt_id = $5 AND state = 'calling'",
+        end_attempt(
+            self,
+            "cluster_bootstraps",
+            cluster,
+            attempt_id,
+            Some((state.as_str(), detail, at)),
+            event,
         )
-        .bind(state.as_str())
-        .bind(at)
-        .bind(detail)
-        .bind(cluster)
-        .bind(attempt_id)
-        .execute(&mut *tx)
-        .await?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        .await
     }
 
     async fn release_bootstrap(
@@ -113,21 +150,7 @@ impl TalosStateStore for Store {
         attempt_id: Uuid,
         event: &NewEvent,
     ) -> Result<bool, StoreError> {
-        let (_turn, mut tx) = self.begin_write().await?;
-        let res = sqlx::query(
-            "DELETE FROM cluster_bootstraps WHERE cluster = $1 AND attempt_id = $2 AND state = 'calling'",
-        )
-        .bind(cluster)
-        .bind(attempt_id)
-        .execute(&mut *tx)
-        .await
-        ?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        end_attempt(self, "cluster_bootstraps", cluster, attempt_id, None, event).await
     }
 
     async fn cluster_bootstrap(
