@@ -1,27 +1,27 @@
-//! What DHCP asks the SQLite inventory about a client (its NIC's machine and reserved address,
+//! What DHCP asks the inventory about a client (its NIC's machine and reserved address,
 //! that machine's relay-circuit pin, the addresses reserved for other MACs), in memory, so that a
 //! DISCOVER and a REQUEST need no reader connection. The view answers only while it is current:
-//! - every write turn at this process's writer connection (through which every change of
-//!   `interfaces` and `dhcp_circuit_pins` made by the server goes) bumps a generation after its
-//!   transaction ended, and the view answers only at the generation it was loaded at: a change
-//!   through the API is seen by the next DHCP message;
-//! - a change by another process (`plinth apply` against the same file while the server runs)
-//!   is not announced, so the view also ages out after [`MAX_AGE`] (longer for a large
-//!   inventory: at least twenty times what a load took, so reloads cost at most about 5% of a
-//!   core): such a change is seen within that time, as if it had been made that much later.
+//! - every write of this process (a turn at SQLite's writer connection, any write transaction on
+//!   PostgreSQL: every change of `interfaces` and `dhcp_circuit_pins` made by the server is one)
+//!   bumps a generation after its transaction ended, and the view answers only at the generation
+//!   it was loaded at: a change through the API is seen by the next DHCP message;
+//! - a change by another process (`plinth apply` against the same SQLite file while the server
+//!   runs, another instance on the same PostgreSQL database) is not announced, so the view also
+//!   ages out after [`MAX_AGE`] (longer for a large inventory: at least twenty times what a load
+//!   took, so reloads cost at most about 5% of a core): such a change is seen within that time,
+//!   as if it had been made that much later.
 //!
 //! When it is not current the caller reads the database as before, and one reload runs in the
 //! background (one at a time, spaced by at least twenty times the last load's duration): a burst
 //! of inventory writes costs what it did without the view, never a stale answer past those
 //! bounds.
 //!
-//! Not for PostgreSQL: other instances write the shared inventory. Imports the leases port's types
-//! only.
+//! Imports the leases port's types only.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use crate::domain::{MacAddr, MachineId};
@@ -76,9 +76,18 @@ impl Loaded {
     }
 }
 
+/// See [`InventoryView::writing`].
+pub(crate) struct WriteGuard<'a>(&'a AtomicU64);
+
+impl Drop for WriteGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
 /// The in-memory inventory facts (see the module's paragraph).
 pub(crate) struct InventoryView {
-    generation: Arc<AtomicU64>,
+    generation: AtomicU64,
     loaded: RwLock<Loaded>,
     reloading: AtomicBool,
     /// When the last reload started, and how long the last load took.
@@ -92,14 +101,20 @@ impl std::fmt::Debug for InventoryView {
 }
 
 impl InventoryView {
-    /// An empty view following `generation` (bumped after each write turn).
-    pub(crate) fn new(generation: Arc<AtomicU64>) -> Self {
+    /// An empty view, at generation 0.
+    pub(crate) fn new() -> Self {
         InventoryView {
-            generation,
+            generation: AtomicU64::new(0),
             loaded: RwLock::default(),
             reloading: AtomicBool::new(false),
             last_reload: std::sync::Mutex::new((None, Duration::ZERO)),
         }
+    }
+
+    /// A write that may change the inventory is under way: when the guard drops (after its
+    /// transaction ended) the generation moves on, and the view stops answering until reloaded.
+    pub(crate) fn writing(&self) -> WriteGuard<'_> {
+        WriteGuard(&self.generation)
     }
 
     /// The generation now: read it before reading the rows handed to `load`.
@@ -222,8 +237,7 @@ mod tests {
 
     #[test]
     fn the_view_answers_only_at_the_generation_it_was_loaded_at() {
-        let g = Arc::new(AtomicU64::new(0));
-        let v = InventoryView::new(g.clone());
+        let v = InventoryView::new();
         let (a, b) = (MacAddr([2, 0, 0, 0, 0, 1]), MacAddr([2, 0, 0, 0, 0, 2]));
         let id = MachineId(uuid::Uuid::from_u128(7));
         assert!(v.facts(a, [None, None]).is_none(), "never loaded");
@@ -253,8 +267,8 @@ mod tests {
         let f = v.facts(b, [Some(ip), None]).expect("current");
         assert_eq!((f.machine, f.reserved_for_other), (None, vec![ip]));
         assert_eq!(v.owners(&[a, b]).expect("current"), vec![(a, id)]);
-        // A write turn ended: stale until reloaded.
-        g.fetch_add(1, Ordering::AcqRel);
+        // A write ended: stale until reloaded.
+        drop(v.writing());
         assert!(v.facts(a, [None, None]).is_none());
         assert!(v.owners(&[a]).is_none());
     }

@@ -1,13 +1,14 @@
-//! The SQLite store's committed DHCP leases, in memory: read once when the store opens, then
-//! changed only by the group commit, with the rows its statements returned, after their
-//! transaction committed. One process owns a SQLite file and every lease write goes through that
-//! group commit, so the view is what the table holds: DHCP's look-ups (by address, a MAC's newest
-//! lease, the busy addresses of a subnet) read it instead of a reader connection, and the writer
-//! skips statements it shows to be no-ops. Durability is unchanged: a claim is answered (and an ACK
-//! sent) only after its transaction committed, and the view learns a row only then.
+//! A store's committed DHCP leases, in memory: read once when the store opens, then changed by the
+//! group commit, with the rows its statements returned, after their transaction committed. DHCP's
+//! look-ups (by address, a MAC's newest lease, the busy addresses of a subnet) read it instead of
+//! a reader connection. Durability is unchanged: a claim is answered (and an ACK sent) only after
+//! its transaction committed, and the view learns a row only then.
 //!
-//! Not for PostgreSQL: other instances write the shared table. Imports the leases port's types
-//! only.
+//! On SQLite one process owns the file and every lease write goes through that group commit, so
+//! the view is what the table holds, and the writer skips statements it shows to be no-ops. On
+//! PostgreSQL other instances write the shared table too: the store also applies the rows they
+//! wrote, read every 100 ms (`postgres::follow_leases`), and the view is only a guide there (the
+//! conditional upsert in the database decides every claim). Imports the leases port's types only.
 
 use std::collections::HashMap;
 use std::net::Ipv4Addr;

@@ -2,14 +2,29 @@
 //! several instances starting at once migrate once. DHCP lease writes and the small writes of every
 //! boot go through the group commit (`group_commit`), on connections of their own: many writes,
 //! one commit.
+//!
+//! DHCP reads no row on its way: each instance holds the lease table (`lease_view`) and what DHCP
+//! asks the inventory (`inventory_view`) in memory. Other instances write the same tables, so the
+//! lease view follows the table (`follow_leases`: the rows written since its last read, every
+//! [`LEASE_FOLLOW`]) and the inventory view ages out as on SQLite. Neither decides anything: every
+//! offer and every ACK is still the conditional upsert, committed before it is sent, and the
+//! table's primary key and row locks still refuse an address another instance holds. A view some
+//! milliseconds behind can only make an instance try an address that is no longer free (refused,
+//! and the next one tried) or offer a client another address than the one another instance just
+//! gave it (its REQUEST then binds that one and ends the other).
 
 use std::str::FromStr;
 use std::time::Duration;
+
+use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Pool;
 
 use super::group_commit::GroupCommit;
+use super::inventory_view::{InventoryView, WriteGuard};
+use super::lease_view::LeaseView;
 use super::StoreOptions;
 use crate::service::ports::StoreError;
 
@@ -71,8 +86,9 @@ const MIGRATIONS_TABLE_EXISTS: &str =
 type Tx<'a> = sqlx::Transaction<'a, Db>;
 /// The store the files of `sql/` implement the ports for.
 type Store = PgStore;
-/// A turn at the writer (PostgreSQL has none to take: always `None`).
-type Turn<'a> = tokio::sync::SemaphorePermit<'a>;
+/// A turn at the writer: PostgreSQL has no single writer to wait for, but the inventory view
+/// learns that a write ended.
+type Turn<'a> = WriteGuard<'a>;
 
 /// The PostgreSQL implementation of the store ports.
 #[derive(Clone, Debug)]
@@ -83,6 +99,10 @@ pub struct PgStore {
     /// queues behind the boot scripts, configs and API requests that share `read`.
     lease_read: Pool<sqlx::Postgres>,
     group_commit: GroupCommit,
+    /// The lease table, following other instances' writes (see the module's paragraph).
+    leases: Arc<LeaseView>,
+    /// The inventory facts DHCP asks for, at a generation.
+    inventory: Arc<InventoryView>,
 }
 
 /// Connections of DHCP's pool: the group commit's writers and the look-ups (two per DORA).
@@ -120,39 +140,99 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect);
+        // The oldest transaction running before the table is read: whatever commits after the
+        // read was stamped at or after it.
+        let since = oldest_running(&pool).await?;
+        let leases = Arc::new(LeaseView::load(leases::all_leases(&pool).await?));
+        tokio::spawn(follow_leases(
+            lease_read.clone(),
+            Arc::downgrade(&leases),
+            since,
+        ));
+        let inventory = Arc::new(InventoryView::new());
+        leases::load_inventory(&pool, &inventory).await?;
         Ok(Self {
             group_commit: GroupCommit::spawn(
                 batch::Batch {
                     pool: lease_read.clone(),
-                    view: None,
+                    view: leases.clone(),
+                    exact: false,
                 },
                 LEASE_WRITERS,
             ),
             write: pool.clone(),
             read: pool,
             lease_read,
+            leases,
+            inventory,
         })
     }
 
-    /// PostgreSQL has no single writer to queue for: writers take no turn (see the SQLite
-    /// store's).
-    async fn write_turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        None
+    /// PostgreSQL has no single writer to queue for: a write takes no turn, it only tells the
+    /// inventory view when it ended (see the SQLite store's).
+    async fn write_turn(&self) -> Option<WriteGuard<'_>> {
+        Some(self.inventory.writing())
     }
 
     /// Several instances may allocate from one PostgreSQL lease table.
     const SHARED: bool = true;
+}
 
-    /// Other instances write the shared lease table: no view of it in memory (see `lease_view`).
-    fn lease_view(&self) -> Option<&super::lease_view::LeaseView> {
-        None
+/// How often, at the most, the lease view reads what was written since its last read. A view
+/// this much behind the table costs a refused claim now and then, never a wrong grant (see the
+/// module's paragraph).
+const LEASE_FOLLOW: Duration = Duration::from_millis(100);
+
+/// The oldest transaction running now (every row written by a transaction not yet committed
+/// is stamped at or after it), as PostgreSQL's text of an `xid8`.
+async fn oldest_running(pool: &Pool<sqlx::Postgres>) -> Result<String, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
+/// Keep `view` following the lease table until the store is dropped: every [`LEASE_FOLLOW`]
+/// (or twenty times the last read's duration, if longer), the rows stamped at or after the
+/// oldest transaction that was running at the previous read. Those include rows this instance
+/// wrote itself, so a row read just before this instance's own newer write of it and applied
+/// just after is put right by the next read. A failed read is retried from the same point.
+async fn follow_leases(pool: Pool<sqlx::Postgres>, view: Weak<LeaseView>, mut since: String) {
+    let mut gap = LEASE_FOLLOW;
+    let mut warned: Option<Instant> = None;
+    let rows_since = format!(
+        "SELECT {} FROM dhcp_leases WHERE write_xid >= $1::xid8",
+        leases::LEASE_COLS
+    );
+    loop {
+        tokio::time::sleep(gap).await;
+        let Some(view) = view.upgrade() else { return };
+        let began = Instant::now();
+        let read = async {
+            let next = oldest_running(&pool).await?;
+            let rows = sqlx::query(&rows_since)
+                .bind(&since)
+                .fetch_all(&pool)
+                .await?;
+            let rows = rows
+                .iter()
+                .map(leases::lease_row)
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            Ok::<_, StoreError>((next, rows))
+        };
+        match read.await {
+            Ok((next, rows)) => {
+                view.apply(rows);
+                since = next;
+            }
+            Err(e) => {
+                if warned.is_none_or(|at| at.elapsed() > Duration::from_secs(60)) {
+                    warned = Some(Instant::now());
+                    tracing::warn!(error = %e, "lease view: other instances' writes not read; retrying");
+                }
+            }
+        }
+        gap = LEASE_FOLLOW.max(began.elapsed() * 20);
     }
-
-    /// Nor of the shared inventory (see `inventory_view`).
-    fn inventory_view(&self) -> Option<&super::inventory_view::InventoryView> {
-        None
-    }
-
-    /// No inventory view to reload.
-    fn refresh_inventory(&self) {}
 }

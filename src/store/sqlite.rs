@@ -12,7 +12,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::Pool;
 
 use super::group_commit::GroupCommit;
-use super::inventory_view::{InventoryView, Nic, Pin};
+use super::inventory_view::InventoryView;
 use super::lease_view::LeaseView;
 use super::StoreOptions;
 use crate::service::ports::StoreError;
@@ -82,14 +82,7 @@ type Turn<'a> = WriteTurn<'a>;
 /// generation moves on, so the in-memory inventory facts stop answering until reloaded.
 pub(crate) struct WriteTurn<'a> {
     _permit: tokio::sync::SemaphorePermit<'a>,
-    generation: &'a std::sync::atomic::AtomicU64,
-}
-
-impl Drop for WriteTurn<'_> {
-    fn drop(&mut self) {
-        self.generation
-            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
-    }
+    _writing: super::inventory_view::WriteGuard<'a>,
 }
 
 /// Connections of the DHCP readers' pool, opened as load asks for them. Every look-up waits for
@@ -162,8 +155,6 @@ pub struct SqliteStore {
     group_commit: GroupCommit,
     /// The committed lease rows, for DHCP's look-ups (changed by the group commit only).
     leases: std::sync::Arc<LeaseView>,
-    /// Write turns ended (see `WriteTurn`).
-    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
     /// The inventory facts DHCP asks for, at a generation.
     inventory: std::sync::Arc<InventoryView>,
 }
@@ -209,14 +200,14 @@ impl SqliteStore {
             p.push(suffix);
             tighten(std::path::Path::new(&p))?;
         }
-        let leases = std::sync::Arc::new(LeaseView::load(all_leases(&read).await?));
-        let generation = std::sync::Arc::<std::sync::atomic::AtomicU64>::default();
-        let inventory = std::sync::Arc::new(InventoryView::new(generation.clone()));
-        load_inventory(&read, &inventory).await?;
+        let leases = std::sync::Arc::new(LeaseView::load(leases::all_leases(&read).await?));
+        let inventory = std::sync::Arc::new(InventoryView::new());
+        leases::load_inventory(&read, &inventory).await?;
         let group_commit = GroupCommit::spawn(
             batch::Batch {
                 pool: write.clone(),
-                view: Some(leases.clone()),
+                view: leases.clone(),
+                exact: true,
             },
             1,
         );
@@ -227,7 +218,6 @@ impl SqliteStore {
             writers: std::sync::Arc::new(tokio::sync::Semaphore::new(1)),
             group_commit,
             leases,
-            generation,
             inventory,
         })
     }
@@ -237,37 +227,12 @@ impl SqliteStore {
         let permit = self.writers.acquire().await.ok()?;
         Some(WriteTurn {
             _permit: permit,
-            generation: &self.generation,
+            _writing: self.inventory.writing(),
         })
     }
 
     /// One process owns a SQLite file: no other instance allocates from its lease table.
     const SHARED: bool = false;
-
-    /// The committed lease rows in memory: every lease write is this process's group commit.
-    fn lease_view(&self) -> Option<&LeaseView> {
-        Some(&self.leases)
-    }
-
-    /// The inventory facts in memory (current only between writes; see `inventory_view`).
-    fn inventory_view(&self) -> Option<&InventoryView> {
-        Some(&self.inventory)
-    }
-
-    /// The inventory view is stale: reload it in the background, unless a reload is under way
-    /// or one started only a moment ago.
-    fn refresh_inventory(&self) {
-        if !self.inventory.claim_reload() {
-            return;
-        }
-        let (read, view) = (self.read.clone(), self.inventory.clone());
-        tokio::spawn(async move {
-            if let Err(e) = load_inventory(&read, &view).await {
-                tracing::warn!(error = %e, "inventory view not reloaded");
-            }
-            view.reloaded();
-        });
-    }
 
     /// Apply pending migrations only.
     pub async fn migrate(url: &str) -> Result<(), StoreError> {
@@ -279,48 +244,4 @@ impl SqliteStore {
         .await
         .map(|_| ())
     }
-}
-
-/// Every lease row (the lease view is loaded from it when the store opens).
-async fn all_leases(
-    pool: &Pool<sqlx::Sqlite>,
-) -> Result<Vec<crate::service::ports::Lease>, StoreError> {
-    let rows = sqlx::query(&format!("SELECT {} FROM dhcp_leases", leases::LEASE_COLS))
-        .fetch_all(pool)
-        .await?;
-    rows.iter().map(leases::lease_row).collect()
-}
-
-/// Read every NIC and circuit pin into `view`, at the generation read first.
-async fn load_inventory(pool: &Pool<sqlx::Sqlite>, view: &InventoryView) -> Result<(), StoreError> {
-    use sqlx::Row as _;
-    let generation = view.generation();
-    let started = std::time::Instant::now();
-    let mut nics = Vec::new();
-    for r in sqlx::query("SELECT mac, machine_id, ipv4 FROM interfaces")
-        .fetch_all(pool)
-        .await?
-    {
-        let mac: String = r.try_get("mac")?;
-        // A MAC that does not parse matches no request's MAC.
-        let Ok(mac) = mac.parse() else { continue };
-        nics.push(Nic {
-            mac,
-            machine: crate::domain::MachineId(r.try_get("machine_id")?),
-            ipv4: r.try_get("ipv4")?,
-        });
-    }
-    let mut pins = Vec::new();
-    for r in sqlx::query("SELECT machine_id, relay, circuit_id FROM dhcp_circuit_pins")
-        .fetch_all(pool)
-        .await?
-    {
-        pins.push(Pin {
-            machine: crate::domain::MachineId(r.try_get("machine_id")?),
-            relay: r.try_get("relay")?,
-            circuit_id: r.try_get("circuit_id")?,
-        });
-    }
-    view.load(generation, started, nics, pins);
-    Ok(())
 }

@@ -565,3 +565,88 @@ async fn two_instances_on_postgres_never_share_an_address() {
     }
     db.drop_db().await;
 }
+
+/// On PostgreSQL each instance answers DHCP's look-ups from memory that follows what the other
+/// instances commit: a lease claimed through one store shows in another's `lease_by_ip` within a
+/// bounded time, and so does a row written by a transaction that began before the other store's
+/// reads and committed after several of them (each read asks for the rows stamped at or after the
+/// oldest transaction running at the previous one). `lease_at` reads the committed row at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_instance_follows_the_leases_other_instances_commit() {
+    use sqlx::Connection as _;
+    let db = TestDb::new(Backend::Postgres).await;
+    let (a, b) = (db.stores().await, db.stores().await);
+    let net = "10.20.0.0/24";
+    let seen_by_b = |ip: &'static str, mac: &'static str| {
+        let b = b.clone();
+        async move {
+            // At most 10 s (100 reads of 100 ms each); a view of 100 ms follows in about two.
+            for _ in 0..200 {
+                let l = b
+                    .leases
+                    .lease_by_ip(ip.parse().expect("ip"))
+                    .await
+                    .expect("look-up");
+                if l.is_some_and(|l| l.mac == mac.parse::<MacAddr>().expect("mac")) {
+                    return true;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            false
+        }
+    };
+    let claim = support::lease_claim("10.20.0.40", net, "52:54:00:30:00:01", LeaseState::Bound);
+    assert!(a.leases.claim_lease(&claim).await.expect("claim"));
+    assert!(
+        b.leases
+            .lease_at("10.20.0.40".parse().expect("ip"))
+            .await
+            .expect("lease_at")
+            .is_some(),
+        "lease_at reads the committed row"
+    );
+    assert!(
+        seen_by_b("10.20.0.40", "52:54:00:30:00:01").await,
+        "the other instance's lease view never showed the claim"
+    );
+
+    // A slow writer: its transaction takes an id, then later transactions commit (a claim
+    // through a) and b reads the table several times, then it commits. Its row is older than b's
+    // reads and than the claim but must still be seen.
+    let mut slow = sqlx::PgConnection::connect(&db.url).await.expect("connect");
+    let mut tx = slow.begin().await.expect("begin");
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *tx)
+        .await
+        .expect("xid");
+    let later = support::lease_claim("10.20.0.42", net, "52:54:00:30:00:04", LeaseState::Bound);
+    assert!(a.leases.claim_lease(&later).await.expect("claim"));
+    assert!(seen_by_b("10.20.0.42", "52:54:00:30:00:04").await);
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let now = chrono::Utc::now().timestamp_millis();
+    sqlx::query(
+        "INSERT INTO dhcp_leases (ip, subnet, mac, state, expires_ms, updated_ms) \
+         VALUES ($1, $2, '52:54:00:30:00:02', 'bound', $3, $4)",
+    )
+    .bind(i64::from(u32::from(
+        "10.20.0.41".parse::<Ipv4Addr>().expect("ip"),
+    )))
+    .bind(net)
+    .bind(now + 600_000)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .expect("insert");
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    tx.commit().await.expect("commit");
+    assert!(
+        seen_by_b("10.20.0.41", "52:54:00:30:00:02").await,
+        "a row committed by a transaction older than the view's last read was never seen"
+    );
+    // And the claim through b of the address a just bound to another MAC is refused by the
+    // database whatever b's view says.
+    let other = support::lease_claim("10.20.0.40", net, "52:54:00:30:00:03", LeaseState::Bound);
+    assert!(!b.leases.claim_lease(&other).await.expect("claim"));
+    drop(slow);
+    db.drop_db().await;
+}

@@ -149,8 +149,15 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// Plinth processes)? Then offers are recorded in it so no two instances offer one address.
     fn is_shared(&self) -> bool;
 
-    /// The lease row of an address.
+    /// The lease row of an address. This and the other look-ups DHCP makes (`lease_by_mac`,
+    /// `busy_ips`, `client_facts`) may answer from memory that learns another instance's writes
+    /// some milliseconds after they committed (see `is_shared`); the claims decide regardless.
     async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError>;
+
+    /// The lease row of an address as committed now, read from the database: for callers off
+    /// the DHCP path (which machine a request comes from) that must see a lease another instance
+    /// committed a moment ago.
+    async fn lease_at(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError>;
 
     /// The newest offered or bound lease of a MAC in a subnet (expired or not).
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError>;

@@ -318,7 +318,7 @@ impl Identities {
         if let Some(id) = fresh(&self.cache().by_ip, &ip) {
             return Ok(id);
         }
-        let id = match self.leases.lease_by_ip(ip).await? {
+        let id = match self.leases.lease_at(ip).await? {
             Some(lease) => self.machine_of_mac(lease.mac).await?,
             None => self
                 .machines

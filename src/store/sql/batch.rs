@@ -15,10 +15,12 @@ use crate::store::group_commit::{WriteBatch, WriteOp};
 /// Consecutive claims of distinct addresses by distinct MACs form a run written by a few
 /// multi-row statements; an `End`, or a second claim of one address or by one MAC in
 /// one subnet, starts the next run.
-/// With a lease view (SQLite), the rows the batch wrote are handed to it after the commit.
+/// The rows the batch wrote are handed to the store's lease view after the commit.
 pub(super) struct Batch {
     pub(super) pool: sqlx::Pool<Db>,
-    pub(super) view: Option<std::sync::Arc<crate::store::lease_view::LeaseView>>,
+    pub(super) view: std::sync::Arc<crate::store::lease_view::LeaseView>,
+    /// Does the view hold every row (see `Written::exact`)?
+    pub(super) exact: bool,
 }
 
 #[async_trait]
@@ -26,7 +28,8 @@ impl WriteBatch for Batch {
     async fn apply(&self, ops: &[WriteOp]) -> Result<Vec<bool>, StoreError> {
         use WriteOp;
         let mut written = Written {
-            view: self.view.as_deref(),
+            view: &self.view,
+            exact: self.exact,
             rows: Vec::new(),
         };
         // One write that is one statement (a claim whose MAC holds no other row to expire, the
@@ -35,8 +38,8 @@ impl WriteBatch for Batch {
         // when DHCP is not busy; this spares two of their three statements.
         if let [op] = ops {
             let single = match op {
-                WriteOp::Claim(c) => written.view.is_some() && !written.may_expire_others(&c.lease),
-                WriteOp::End { .. } => written.view.is_some(),
+                WriteOp::Claim(c) => !written.may_expire_others(&c.lease),
+                WriteOp::End { .. } => true,
                 _ => false,
             };
             if single {
@@ -59,9 +62,7 @@ impl WriteBatch for Batch {
                     }
                     _ => Vec::new(),
                 };
-                if let Some(view) = written.view {
-                    view.apply(written.rows);
-                }
+                written.view.apply(written.rows);
                 return Ok(done);
             }
         }
@@ -125,9 +126,7 @@ impl WriteBatch for Batch {
         flush(&mut tx, &mut run, &mut out, &mut written).await?;
         tx.commit().await?;
         // Committed (and on SQLite fsynced): only now does the view show these rows.
-        if let Some(view) = written.view {
-            view.apply(written.rows);
-        }
+        written.view.apply(written.rows);
         Ok(out)
     }
 }

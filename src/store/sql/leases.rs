@@ -1,6 +1,7 @@
-//! `LeaseStore` in SQL: DHCP leases, one row per address. Reads go to DHCP's own connections
-//! (`lease_read`); claims and ends go through the group commit (`super::batch`), which runs
-//! `claim_run` inside its transaction. Compiled once per dialect (`super::Db`).
+//! `LeaseStore` in SQL: DHCP leases, one row per address. DHCP's look-ups read the store's lease
+//! and inventory views (`crate::store::lease_view`, `crate::store::inventory_view`), else DHCP's
+//! own connections (`lease_read`); claims and ends go through the group commit (`super::batch`),
+//! which runs `claim_run` inside its transaction. Compiled once per dialect (`super::Db`).
 
 use std::collections::HashSet;
 use std::net::Ipv4Addr;
@@ -15,6 +16,7 @@ use crate::service::ports::{
     CircuitPin, ClientFacts, Lease, LeaseClaim, LeaseState, LeaseStore, Reservation, StoreError,
 };
 use crate::store::group_commit::{WriteOp, MAX_BATCH};
+use crate::store::inventory_view::{InventoryView, Nic, Pin};
 use crate::store::lease_view::LeaseView;
 
 pub(super) fn lease_row(r: &Row) -> Result<Lease, StoreError> {
@@ -66,34 +68,27 @@ const CLAIM_UPSERT: &str =
     RETURNING ";
 
 /// The rows a batch's statements wrote, for the store's lease view (applied once the
-/// transaction committed); `view` is `None` where there is none (PostgreSQL), and then the
-/// statements return only what decides their results.
+/// transaction committed).
 pub(super) struct Written<'v> {
-    pub(super) view: Option<&'v LeaseView>,
+    pub(super) view: &'v LeaseView,
+    /// Does the view hold every row (one process writes the table: SQLite)? On PostgreSQL it
+    /// follows other instances' writes some time later, so it cannot prove a statement a no-op.
+    pub(super) exact: bool,
     pub(super) rows: Vec<Lease>,
 }
 
 impl Written<'_> {
-    /// What a statement that changes lease rows returns: every column for the view, else the
-    /// address.
-    fn returning(&self) -> &'static str {
-        if self.view.is_some() {
-            LEASE_COLS
-        } else {
-            "ip"
-        }
-    }
-
     /// Does the MAC of `l` have another row in its subnet that a claim of `l` expires? Only
-    /// when the view and this batch's own writes show none is the answer "no".
+    /// when the view is exact and it and this batch's own writes show none is the answer "no".
     pub(super) fn may_expire_others(&self, l: &Lease) -> bool {
-        let Some(view) = self.view else {
-            return true;
-        };
-        self.rows
-            .iter()
-            .any(|r| r.mac == l.mac && r.subnet == l.subnet && r.ip != l.ip)
-            || view.has_others(&l.subnet, l.mac, l.ip, l.state == LeaseState::Bound)
+        !self.exact
+            || self
+                .rows
+                .iter()
+                .any(|r| r.mac == l.mac && r.subnet == l.subnet && r.ip != l.ip)
+            || self
+                .view
+                .has_others(&l.subnet, l.mac, l.ip, l.state == LeaseState::Bound)
     }
 }
 
@@ -147,17 +142,11 @@ async fn claim_run(
                 .push_bind(l.updated_ms);
         });
         qb.push(CLAIM_UPSERT);
-        qb.push(written.returning());
-        if written.view.is_some() {
-            let rows = qb.build().fetch_all(&mut *conn).await?;
-            for r in &rows {
-                let l = lease_row(r)?;
-                granted.insert(ip_key(l.ip));
-                written.rows.push(l);
-            }
-        } else {
-            let rows: Vec<i64> = qb.build_query_scalar().fetch_all(&mut *conn).await?;
-            granted.extend(rows);
+        qb.push(LEASE_COLS);
+        for r in &qb.build().fetch_all(&mut *conn).await? {
+            let l = lease_row(r)?;
+            granted.insert(ip_key(l.ip));
+            written.rows.push(l);
         }
     }
     // The MACs granted here that may hold other rows to expire (with a view, most hold none and
@@ -200,16 +189,11 @@ async fn claim_run(
              AND dhcp_leases.ip <> k.column3 \
              AND (dhcp_leases.state = 'offered' OR (dhcp_leases.state = 'bound' AND k.column4 = 1))",
         );
-        if written.view.is_some() {
-            qb.push(" RETURNING ");
-            // Qualified: `FROM (VALUES ...)` has columns of its own.
-            qb.push(QUALIFIED_COLS);
-            let rows = qb.build().fetch_all(&mut *conn).await?;
-            for r in &rows {
-                written.rows.push(lease_row(r)?);
-            }
-        } else {
-            qb.build().execute(&mut *conn).await?;
+        qb.push(" RETURNING ");
+        // Qualified: `FROM (VALUES ...)` has columns of its own.
+        qb.push(QUALIFIED_COLS);
+        for r in &qb.build().fetch_all(&mut *conn).await? {
+            written.rows.push(lease_row(r)?);
         }
     }
     Ok(claims
@@ -233,8 +217,7 @@ pub(super) async fn end(
 ) -> Result<bool, StoreError> {
     let sql = format!(
         "UPDATE dhcp_leases SET state = $1, expires_ms = $2, updated_ms = $3 \
-         WHERE ip = $4 AND mac = $5 RETURNING {}",
-        written.returning()
+         WHERE ip = $4 AND mac = $5 RETURNING {LEASE_COLS}"
     );
     let q = sqlx::query(&sql)
         .bind(state.as_str())
@@ -242,14 +225,12 @@ pub(super) async fn end(
         .bind(now_ms)
         .bind(ip_key(ip))
         .bind(mac.to_string());
-    let row = q.fetch_optional(&mut *conn).await?;
-    match (row, written.view.is_some()) {
-        (None, _) => Ok(false),
-        (Some(r), true) => {
+    match q.fetch_optional(&mut *conn).await? {
+        None => Ok(false),
+        Some(r) => {
             written.rows.push(lease_row(&r)?);
             Ok(true)
         }
-        (Some(_), false) => Ok(true),
     }
 }
 
@@ -278,31 +259,21 @@ impl LeaseStore for Store {
     }
 
     async fn lease_by_ip(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
-        if let Some(view) = self.lease_view() {
-            return Ok(view.by_ip(ip));
-        }
+        Ok(self.leases.by_ip(ip))
+    }
+
+    async fn lease_at(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
         let row = sqlx::query(&format!(
             "SELECT {LEASE_COLS} FROM dhcp_leases WHERE ip = $1"
         ))
-        .bind(i64::from(u32::from(ip)))
-        .fetch_optional(&self.lease_read)
+        .bind(ip_key(ip))
+        .fetch_optional(&self.read)
         .await?;
         row.as_ref().map(lease_row).transpose()
     }
 
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
-        if let Some(view) = self.lease_view() {
-            return Ok(view.newest(subnet, mac));
-        }
-        let row = sqlx::query(&format!(
-            "SELECT {LEASE_COLS} FROM dhcp_leases WHERE subnet = $1 AND mac = $2 \
-             AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1"
-        ))
-        .bind(subnet)
-        .bind(mac.to_string())
-        .fetch_optional(&self.lease_read)
-        .await?;
-        row.as_ref().map(lease_row).transpose()
+        Ok(self.leases.newest(subnet, mac))
     }
 
     async fn end_lease(
@@ -325,22 +296,7 @@ impl LeaseStore for Store {
     }
 
     async fn busy_ips(&self, subnet: &str, now_ms: i64) -> Result<Vec<Ipv4Addr>, StoreError> {
-        if let Some(view) = self.lease_view() {
-            return Ok(view.busy(subnet, now_ms));
-        }
-        let rows: Vec<i64> = sqlx::query_scalar(
-            "SELECT ip FROM dhcp_leases WHERE subnet = $1 AND expires_ms >= $2 \
-             AND state IN ('offered', 'bound', 'declined')",
-        )
-        .bind(subnet)
-        .bind(now_ms)
-        .fetch_all(&self.lease_read)
-        .await?;
-        Ok(rows
-            .into_iter()
-            .filter_map(|i| u32::try_from(i).ok())
-            .map(Ipv4Addr::from)
-            .collect())
+        Ok(self.leases.busy(subnet, now_ms))
     }
 
     async fn leases_of_mac(&self, mac: MacAddr) -> Result<Vec<Lease>, StoreError> {
@@ -372,11 +328,9 @@ impl LeaseStore for Store {
     }
 
     async fn owners(&self, macs: &[MacAddr]) -> Result<Vec<(MacAddr, MachineId)>, StoreError> {
-        if let Some(inventory) = self.inventory_view() {
-            match inventory.owners(macs) {
-                Some(found) => return Ok(found),
-                None => self.refresh_inventory(),
-            }
+        match self.inventory.owners(macs) {
+            Some(found) => return Ok(found),
+            None => self.refresh_inventory(),
         }
         let mut out = Vec::new();
         for part in macs.chunks(crate::store::CHUNK) {
@@ -399,10 +353,7 @@ impl LeaseStore for Store {
     }
 
     async fn reserved_for_other(&self, ip: Ipv4Addr, mac: MacAddr) -> Result<bool, StoreError> {
-        if let Some(facts) = self
-            .inventory_view()
-            .and_then(|v| v.facts(mac, [Some(ip), None]))
-        {
+        if let Some(facts) = self.inventory.facts(mac, [Some(ip), None]) {
             return Ok(!facts.reserved_for_other.is_empty());
         }
         let n: i64 =
@@ -420,42 +371,22 @@ impl LeaseStore for Store {
         mac: MacAddr,
         ips: [Option<Ipv4Addr>; 2],
     ) -> Result<ClientFacts, StoreError> {
-        // With an inventory view that is current (SQLite, between writes), no query at all.
-        if let Some(inventory) = self.inventory_view() {
-            match inventory.facts(mac, ips) {
-                Some(mut facts) => {
-                    facts.lease = self.lease_view().and_then(|v| v.newest(subnet, mac));
-                    return Ok(facts);
-                }
-                None => self.refresh_inventory(),
+        // With an inventory view that is current, no query at all; else the inventory is read
+        // (and the view reloaded in the background). The lease always comes from the lease view.
+        match self.inventory.facts(mac, ips) {
+            Some(mut facts) => {
+                facts.lease = self.leases.newest(subnet, mac);
+                return Ok(facts);
             }
+            None => self.refresh_inventory(),
         }
-        // With a lease view (SQLite) the lease comes from memory and the query reads the
-        // inventory only. Else the lease joined by its address (a scalar look-up of the newest
-        // one), not a subquery materialised per call; with `dhcp_leases_mac_recent_idx` no
-        // temporary b-tree at all.
-        let view = self.lease_view();
-        let mac_text = mac.to_string();
         let ip_text = |i: usize| ips[i].map(|ip| ip.to_string());
-        let row = match view {
-            Some(_) => {
-                sqlx::query(INVENTORY_FACTS)
-                    .bind(&mac_text)
-                    .bind(ip_text(0))
-                    .bind(ip_text(1))
-                    .fetch_one(&self.lease_read)
-                    .await?
-            }
-            None => {
-                sqlx::query(CLIENT_FACTS)
-                    .bind(&mac_text)
-                    .bind(ip_text(0))
-                    .bind(ip_text(1))
-                    .bind(subnet)
-                    .fetch_one(&self.lease_read)
-                    .await?
-            }
-        };
+        let row = sqlx::query(INVENTORY_FACTS)
+            .bind(mac.to_string())
+            .bind(ip_text(0))
+            .bind(ip_text(1))
+            .fetch_one(&self.lease_read)
+            .await?;
         let reserved: Option<String> = row.try_get("reserved_ip")?;
         let owner: Option<Uuid> = row.try_get("owner")?;
         let pin_relay: Option<String> = row.try_get("pin_relay")?;
@@ -481,15 +412,7 @@ impl LeaseStore for Store {
                 facts.reserved_for_other.push(*ip);
             }
         }
-        match view {
-            Some(view) => facts.lease = view.newest(subnet, mac),
-            None => {
-                let lease_ip: Option<i64> = row.try_get("ip")?;
-                if lease_ip.is_some() {
-                    facts.lease = Some(lease_row(&row)?);
-                }
-            }
-        }
+        facts.lease = self.leases.newest(subnet, mac);
         Ok(facts)
     }
 
@@ -571,21 +494,6 @@ const INVENTORY_FACTS: &str = "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $
      (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
      (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved";
 
-/// `INVENTORY_FACTS` and the MAC's newest offered or bound lease in subnet $4, in one query.
-const CLIENT_FACTS: &str = "SELECT (SELECT ipv4 FROM interfaces WHERE mac = $1) AS reserved_ip, \
-     (SELECT machine_id FROM interfaces WHERE mac = $1) AS owner, \
-     (SELECT p.relay FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
-      WHERE i.mac = $1) AS pin_relay, \
-     (SELECT p.circuit_id FROM dhcp_circuit_pins p JOIN interfaces i ON i.machine_id = p.machine_id \
-      WHERE i.mac = $1) AS pin_circuit, \
-     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $2 AND mac <> $1) AS first_reserved, \
-     (SELECT COUNT(*) FROM interfaces WHERE ipv4 = $3 AND mac <> $1) AS second_reserved, \
-     l.ip, l.subnet, l.mac, l.state, l.expires_ms, l.hostname, l.relay_circuit_id, \
-     l.relay_remote_id, l.giaddr, l.updated_ms \
-     FROM (SELECT 1 AS one) AS o LEFT JOIN dhcp_leases l ON l.ip = \
-     (SELECT ip FROM dhcp_leases WHERE subnet = $4 AND mac = $1 \
-      AND state IN ('offered', 'bound') ORDER BY updated_ms DESC LIMIT 1)";
-
 const PIN_COLS: &str = "relay, circuit_id, remote_id, pinned_at, pinned_by";
 
 fn pin_row(r: &Row) -> Result<CircuitPin, StoreError> {
@@ -596,4 +504,65 @@ fn pin_row(r: &Row) -> Result<CircuitPin, StoreError> {
         pinned_at: r.try_get("pinned_at")?,
         pinned_by: r.try_get("pinned_by")?,
     })
+}
+
+/// Every lease row (the lease view is loaded from it when the store opens).
+pub(super) async fn all_leases(pool: &sqlx::Pool<Db>) -> Result<Vec<Lease>, StoreError> {
+    let rows = sqlx::query(&format!("SELECT {LEASE_COLS} FROM dhcp_leases"))
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(lease_row).collect()
+}
+
+/// Read every NIC and circuit pin into `view`, at the generation read first.
+pub(super) async fn load_inventory(
+    pool: &sqlx::Pool<Db>,
+    view: &InventoryView,
+) -> Result<(), StoreError> {
+    let generation = view.generation();
+    let started = std::time::Instant::now();
+    let mut nics = Vec::new();
+    for r in sqlx::query("SELECT mac, machine_id, ipv4 FROM interfaces")
+        .fetch_all(pool)
+        .await?
+    {
+        let mac: String = r.try_get("mac")?;
+        // A MAC that does not parse matches no request's MAC.
+        let Ok(mac) = mac.parse() else { continue };
+        nics.push(Nic {
+            mac,
+            machine: MachineId(r.try_get("machine_id")?),
+            ipv4: r.try_get("ipv4")?,
+        });
+    }
+    let mut pins = Vec::new();
+    for r in sqlx::query("SELECT machine_id, relay, circuit_id FROM dhcp_circuit_pins")
+        .fetch_all(pool)
+        .await?
+    {
+        pins.push(Pin {
+            machine: MachineId(r.try_get("machine_id")?),
+            relay: r.try_get("relay")?,
+            circuit_id: r.try_get("circuit_id")?,
+        });
+    }
+    view.load(generation, started, nics, pins);
+    Ok(())
+}
+
+impl Store {
+    /// The inventory view is stale: reload it in the background, unless a reload is under way
+    /// or one started only a moment ago.
+    fn refresh_inventory(&self) {
+        if !self.inventory.claim_reload() {
+            return;
+        }
+        let (read, view) = (self.read.clone(), self.inventory.clone());
+        tokio::spawn(async move {
+            if let Err(e) = load_inventory(&read, &view).await {
+                tracing::warn!(error = %e, "inventory view not reloaded");
+            }
+            view.reloaded();
+        });
+    }
 }

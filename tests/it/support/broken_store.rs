@@ -317,6 +317,10 @@ impl LeaseStore for BrokenStore {
         self.leases().await?.leases.lease_by_ip(ip).await
     }
 
+    async fn lease_at(&self, ip: Ipv4Addr) -> Result<Option<Lease>, StoreError> {
+        self.leases().await?.leases.lease_at(ip).await
+    }
+
     async fn lease_by_mac(&self, subnet: &str, mac: MacAddr) -> Result<Option<Lease>, StoreError> {
         self.leases().await?.leases.lease_by_mac(subnet, mac).await
     }
