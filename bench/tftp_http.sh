@@ -33,7 +33,7 @@
 # Needs root, ip, python3, curl, atftp, in.tftpd (tftpd-hpa), dnsmasq (dnsmasq-base), nginx
 # (nginx-light), wrk. Usage:
 #   bench/tftp_http.sh [--rounds 3] [--seconds 5] [--only "tftp storm single http wrk"] [--raw FILE]
-#     [--match REGEX]   (TFTP load and storm cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
+#     [--match REGEX]   (TFTP load, storm and single cases whose name, e.g. "tftp f1m.bin x20 curl-512", matches)
 #     [--storm-fetches 5]
 #     [--tftp-peers "tftpd-hpa dnsmasq"]   (the TFTP peers measured beside Plinth)
 # Environment: PLINTH_BIN (default: $CARGO_TARGET_DIR or target, /release/plinth, built if missing),
@@ -368,6 +368,7 @@ if want single; then
         [ "$file" = f1m.bin ] && cases="atftp-1468-w16 curl-1468 atftp-1468"
         for c in $cases; do
             name="tftp single $file $c MB/s"
+            if [ -n "$MATCH" ] && ! grep -Eq -- "$MATCH" <<<"$name"; then continue; fi
             for r in $(seq 1 "$ROUNDS"); do
                 for srv in plinth $TFTP_PEERS; do
                     read -r ok fail el < <(run_client python3 "$WORK/load.py" loop 1 "$SECS" $(tftp_cmd $srv $c $file))

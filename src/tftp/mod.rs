@@ -195,7 +195,13 @@ impl Default for TftpOptions {
         TftpOptions {
             max_block_size: 1468,
             max_window_size: 16,
-            max_transfers: 256,
+            // A thousand machines powered on at once each fetch their iPXE binary, and a request
+            // past the cap waits with no answer while firmware gives up after some seconds of
+            // silence: at 256, `bench/boot_storm.sh --machines 1000 --ramp-ms 0` (2026-12-05) lost
+            // 92 machines in TFTP ("no answer after 6 transmissions", 2s apart). Running at once,
+            // every transfer is slower but each client hears from the server. The descriptor
+            // budget still lowers it where the limit is small (`app::DescriptorBudget`).
+            max_transfers: 1024,
             // The issue-17 storm harness (100 curl clients on one address) was dropped at 8:
             // curl resends its request only after 6 s, which made the storm look slow.
             max_per_client: 64,
