@@ -10,7 +10,11 @@
 # and for the PostgreSQL run a server at DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres).
 #
 # Usage: bench/dhcp.sh [--servers "plinth-sqlite plinth-postgres dnsmasq kea"] [--rates "250 500 ..."]
-#                      [--seconds 10]
+#                      [--seconds 10] [--relayed] [--clients N]
+# --relayed: perfdhcp acts as a relay agent (giaddr 10.88.0.2, unicast to the server) instead of
+# broadcasting on the link; --clients N: perfdhcp's client population (-R; default 1,000,000, so
+# nearly every exchange is a new client; with fewer, clients come back and renew or re-acquire
+# their lease).
 # Environment: PLINTH_BIN (default: target/release/plinth, built if missing), DATABASE_URL.
 # Peer settings worth knowing: dnsmasq runs with --no-ping (its default ICMP probe before each
 # offer is a conflict check the other servers do not do). `dnsmasq` keeps its lease file, which it
@@ -37,8 +41,12 @@ set -euo pipefail
 SERVERS="plinth-sqlite plinth-postgres plinth-postgres-x2 dnsmasq dnsmasq-mem kea kea-mt"
 RATES="250 500 1000 1500 2000 2500 3000 3500 4000 5000 6000 8000"
 SECONDS_PER_STEP=10
+RELAYED=0
+CLIENTS=1000000
 while [ $# -gt 0 ]; do
     case "$1" in
+        --relayed) RELAYED=1; shift ;;
+        --clients) CLIENTS="$2"; shift 2 ;;
         --servers) SERVERS="$2"; shift 2 ;;
         --rates) RATES="$2"; shift 2 ;;
         --seconds) SECONDS_PER_STEP="$2"; shift 2 ;;
@@ -328,8 +336,10 @@ run_step() {
         check_x2 "$out.a" "$out.b" >&2 || echo "ADDRESS GIVEN TWICE (see above)" >&2
         cat "$out.a" "$out.b" >"$out"
     else
-        ip netns exec "$CLI" timeout --signal=INT $((SECONDS_PER_STEP + 20)) perfdhcp -4 -l bc0 \
-            -r "$2" -p "$SECONDS_PER_STEP" -R 1000000 -d 2 -x t 10.88.0.1 >"$out" 2>&1 || true
+        local from=bc0
+        [ "$RELAYED" = 1 ] && from=10.88.0.2
+        ip netns exec "$CLI" timeout --signal=INT $((SECONDS_PER_STEP + 20)) perfdhcp -4 -l "$from" \
+            -r "$2" -p "$SECONDS_PER_STEP" -R "$CLIENTS" -d 2 -x t 10.88.0.1 >"$out" 2>&1 || true
     fi
     case "$1" in
         plinth-postgres-x2) echo "    plinth 1: $(plinth_metrics 1)" >&2; echo "    plinth 2: $(plinth_metrics 2)" >&2 ;;

@@ -146,17 +146,20 @@ impl PgStore {
             .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(connect.options([("enable_seqscan", "off")]));
-        // The oldest transaction running before the table is read: whatever commits after the
-        // read was stamped at or after it.
-        let since = oldest_running(&pool).await?;
-        let leases = Arc::new(LeaseView::load(leases::all_leases(&pool).await?));
-        tokio::spawn(follow_leases(
-            lease_read.clone(),
-            Arc::downgrade(&leases),
-            since,
-        ));
+        let leases = Arc::new(LeaseView::default());
         let inventory = Arc::new(InventoryView::new());
-        leases::load_inventory(&pool, &inventory).await?;
+        if opts.migrate || leases::migrated(&pool).await? {
+            // The oldest transaction running before the table is read: whatever commits after
+            // the read was stamped at or after it.
+            let since = oldest_running(&pool).await?;
+            leases.apply(leases::all_leases(&pool).await?);
+            tokio::spawn(follow_leases(
+                lease_read.clone(),
+                Arc::downgrade(&leases),
+                since,
+            ));
+            leases::load_inventory(&pool, &inventory).await?;
+        }
         Ok(Self {
             group_commit: GroupCommit::spawn(
                 batch::Batch {

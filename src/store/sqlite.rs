@@ -200,9 +200,16 @@ impl SqliteStore {
             p.push(suffix);
             tighten(std::path::Path::new(&p))?;
         }
-        let leases = std::sync::Arc::new(LeaseView::load(leases::all_leases(&read).await?));
+        let migrated = opts.migrate || leases::migrated(&read).await?;
+        let rows = match migrated {
+            true => leases::all_leases(&read).await?,
+            false => Vec::new(),
+        };
+        let leases = std::sync::Arc::new(LeaseView::load(rows));
         let inventory = std::sync::Arc::new(InventoryView::new());
-        leases::load_inventory(&read, &inventory).await?;
+        if migrated {
+            leases::load_inventory(&read, &inventory).await?;
+        }
         let group_commit = GroupCommit::spawn(
             batch::Batch {
                 pool: write.clone(),

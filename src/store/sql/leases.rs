@@ -506,6 +506,15 @@ fn pin_row(r: &Row) -> Result<CircuitPin, StoreError> {
     })
 }
 
+/// Has this database been migrated at all? A store opened without migrating (`plinth doctor`,
+/// commands that only read) may meet one that was not, and then loads no view (they start empty).
+pub(super) async fn migrated(pool: &sqlx::Pool<Db>) -> Result<bool, StoreError> {
+    let tables: i64 = sqlx::query_scalar(super::MIGRATIONS_TABLE_EXISTS)
+        .fetch_one(pool)
+        .await?;
+    Ok(tables > 0)
+}
+
 /// Every lease row (the lease view is loaded from it when the store opens).
 pub(super) async fn all_leases(pool: &sqlx::Pool<Db>) -> Result<Vec<Lease>, StoreError> {
     let rows = sqlx::query(&format!("SELECT {LEASE_COLS} FROM dhcp_leases"))
