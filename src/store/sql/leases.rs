@@ -528,13 +528,15 @@ pub(super) async fn load_inventory(
     pool: &sqlx::Pool<Db>,
     view: &InventoryView,
 ) -> Result<(), StoreError> {
+    use futures::TryStreamExt as _;
     let generation = view.generation();
     let started = std::time::Instant::now();
+    // Row by row: each becomes its small `Nic` at once, never a whole result set of database rows
+    // beside them (a reload of a 60,000-machine inventory during an import would otherwise hold
+    // both, and an import's memory bound is measured with DHCP reloading the view meanwhile).
     let mut nics = Vec::new();
-    for r in sqlx::query("SELECT mac, machine_id, ipv4 FROM interfaces")
-        .fetch_all(pool)
-        .await?
-    {
+    let mut rows = sqlx::query("SELECT mac, machine_id, ipv4 FROM interfaces").fetch(pool);
+    while let Some(r) = rows.try_next().await? {
         let mac: String = r.try_get("mac")?;
         // A MAC that does not parse matches no request's MAC.
         let Ok(mac) = mac.parse() else { continue };
@@ -544,6 +546,7 @@ pub(super) async fn load_inventory(
             ipv4: r.try_get("ipv4")?,
         });
     }
+    drop(rows);
     let mut pins = Vec::new();
     for r in sqlx::query("SELECT machine_id, relay, circuit_id FROM dhcp_circuit_pins")
         .fetch_all(pool)
