@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 
-use super::events::insert_events;
+use super::events::{commit_with_event, insert_events};
 use super::{Row, Store, Tx};
 use crate::domain::MachineId;
 use crate::service::ports::{
@@ -342,12 +342,7 @@ impl ConfigStore for Store {
         .bind(id.0)
         .execute(&mut *tx)
         .await?;
-        if r.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, r.rows_affected(), event).await
     }
 
     async fn approval(&self, id: MachineId) -> Result<Option<Approval>, StoreError> {
@@ -405,11 +400,6 @@ impl ConfigStore for Store {
         .bind(code_sha256)
         .execute(&mut *tx)
         .await?;
-        if r.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, r.rows_affected(), event).await
     }
 }

@@ -13,6 +13,22 @@ use crate::service::ports::{Event, EventFilter, EventStore, NewEvent, StoreError
 use crate::store::group_commit::WriteOp;
 use crate::store::CHUNK;
 
+/// End a write transaction whose one statement changed `changed` rows: when it changed any, record
+/// `event` in the same transaction and commit; when it changed none, drop the transaction (rolled
+/// back) and record nothing. Whether it changed any.
+pub(super) async fn commit_with_event(
+    mut tx: Tx<'_>,
+    changed: u64,
+    event: &NewEvent,
+) -> Result<bool, StoreError> {
+    if changed == 0 {
+        return Ok(false);
+    }
+    insert_events(&mut tx, &[event]).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 pub(super) async fn insert_events(tx: &mut Tx<'_>, events: &[&NewEvent]) -> Result<(), StoreError> {
     let now = Utc::now();
     for chunk in events.chunks(CHUNK) {

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use sqlx::Row as _;
 
-use super::events::insert_events;
+use super::events::commit_with_event;
 use super::{Row, Store};
 use crate::domain::MachineId;
 use crate::service::ports::{NewEvent, Reinstall, ReinstallStore, Stage, StoreError};
@@ -85,12 +85,7 @@ impl ReinstallStore for Store {
         .execute(&mut *tx)
         .await
         ?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, res.rows_affected(), event).await
     }
 
     async fn advance_reinstall(
@@ -116,11 +111,6 @@ impl ReinstallStore for Store {
         .execute(&mut *tx)
         .await
         ?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, res.rows_affected(), event).await
     }
 }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use uuid::Uuid;
 
-use super::events::insert_events;
+use super::events::{commit_with_event, insert_events};
 use super::{Row, Store};
 use crate::service::ports::snapshots::{
     RecoveryRecord, RecoveryState, SnapshotOutcome, SnapshotRecord, SnapshotState, SnapshotStore,
@@ -168,12 +168,7 @@ impl SnapshotStore for Store {
         .bind(id)
         .execute(&mut *tx)
         .await?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, res.rows_affected(), event).await
     }
 
     async fn mark_snapshot_deleted(&self, id: Uuid, event: &NewEvent) -> Result<bool, StoreError> {
@@ -184,12 +179,7 @@ impl SnapshotStore for Store {
         .bind(id)
         .execute(&mut *tx)
         .await?;
-        if res.rows_affected() == 0 {
-            return Ok(false);
-        }
-        insert_events(&mut tx, &[event]).await?;
-        tx.commit().await?;
-        Ok(true)
+        commit_with_event(tx, res.rows_affected(), event).await
     }
 
     async fn snapshots(

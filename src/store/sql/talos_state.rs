@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::Row as _;
 use uuid::Uuid;
 
-use super::events::insert_events;
+use super::events::{commit_with_event, insert_events};
 use super::{Row, Store};
 use crate::domain::MachineId;
 use crate::service::ports::talos_state::{
@@ -76,12 +76,7 @@ pub(super) async fn end_attempt(
             .await?
         }
     };
-    if res.rows_affected() == 0 {
-        return Ok(false);
-    }
-    insert_events(&mut tx, &[event]).await?;
-    tx.commit().await?;
-    Ok(true)
+    commit_with_event(tx, res.rows_affected(), event).await
 }
 
 #[async_trait]
