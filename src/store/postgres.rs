@@ -14,10 +14,8 @@
 //! gave it (its REQUEST then binds that one and ends the other).
 
 use std::str::FromStr;
-use std::time::Duration;
-
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::Pool;
